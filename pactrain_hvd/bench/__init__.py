@@ -1,0 +1,1 @@
+"""Benchmarks and baselines, kept apart from the product."""

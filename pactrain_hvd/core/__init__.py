@@ -1,0 +1,25 @@
+"""Framework-free PacTrain core: schedule, masks, packing plan, fingerprints, byte accounting."""
+
+from pactrain_hvd.core.accounting import StepStats, TensorStats, ring_allreduce_bytes
+from pactrain_hvd.core.config import PacTrainConfig
+from pactrain_hvd.core.errors import CheckpointError, MaskMismatchError
+from pactrain_hvd.core.fingerprint import describe_mismatches, mask_fingerprint
+from pactrain_hvd.core.masks import magnitude_masks, num_to_keep, validate_mask
+from pactrain_hvd.core.plan import should_pack
+from pactrain_hvd.core.schedule import PolynomialSchedule
+
+__all__ = [
+    "CheckpointError",
+    "MaskMismatchError",
+    "PacTrainConfig",
+    "PolynomialSchedule",
+    "StepStats",
+    "TensorStats",
+    "describe_mismatches",
+    "magnitude_masks",
+    "mask_fingerprint",
+    "num_to_keep",
+    "ring_allreduce_bytes",
+    "should_pack",
+    "validate_mask",
+]

@@ -1,0 +1,52 @@
+"""Byte accounting: what each step handed to the all-reduce, and what dense would have handed."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+def ring_allreduce_bytes(buffer_bytes: float, world_size: int) -> float:
+    """Bytes each worker sends in a ring all-reduce of a ``buffer_bytes`` buffer."""
+    return 0.0 if world_size <= 1 else 2.0 * (world_size - 1) / world_size * buffer_bytes
+
+
+@dataclass
+class TensorStats:
+    numel: int
+    kept: int
+    packed: bool
+    sent_bytes: int
+    dense_bytes: int
+
+    @property
+    def density(self) -> float:
+        return self.kept / self.numel if self.numel else 1.0
+
+
+@dataclass
+class StepStats:
+    """Per-step wire accounting. ``sent_bytes`` is what was handed to Horovod."""
+
+    step: int = 0
+    tensors: dict[str, TensorStats] = field(default_factory=dict)
+
+    @property
+    def sent_bytes(self) -> int:
+        return sum(t.sent_bytes for t in self.tensors.values())
+
+    @property
+    def dense_bytes(self) -> int:
+        return sum(t.dense_bytes for t in self.tensors.values())
+
+    @property
+    def compression_ratio(self) -> float:
+        return self.dense_bytes / self.sent_bytes if self.sent_bytes else 1.0
+
+    def as_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "sent_bytes": self.sent_bytes,
+            "dense_bytes": self.dense_bytes,
+            "compression_ratio": self.compression_ratio,
+            "tensors": {name: dict(asdict(t), density=t.density) for name, t in self.tensors.items()},
+        }

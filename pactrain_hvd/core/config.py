@@ -1,0 +1,44 @@
+"""PacTrain settings shared by both frontends, validated before anything is communicated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pactrain_hvd.core.plan import DEFAULT_MAX_DENSITY, DEFAULT_MIN_NUMEL
+from pactrain_hvd.core.schedule import PolynomialSchedule
+
+
+@dataclass(frozen=True)
+class PacTrainConfig:
+    sparsity: float = 0.9
+    begin_step: int = 0
+    end_step: int = 1000
+    frequency: int = 100
+    ranking: str = "layer"
+    pack_min_numel: int = DEFAULT_MIN_NUMEL
+    pack_max_density: float = DEFAULT_MAX_DENSITY
+    verify_every: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sparsity, bool) or not isinstance(self.sparsity, (int, float)):
+            raise TypeError(f"sparsity must be a number in [0, 1), got {self.sparsity!r}")
+        if not 0.0 <= self.sparsity < 1.0:
+            raise ValueError(f"sparsity must be in [0, 1), got {self.sparsity!r}")
+        if self.ranking not in ("layer", "global"):
+            raise ValueError(f"ranking must be 'layer' or 'global', got {self.ranking!r}")
+        if not 0.0 < self.pack_max_density <= 1.0:
+            raise ValueError(f"pack_max_density must be in (0, 1], got {self.pack_max_density!r}")
+        if self.pack_min_numel < 0:
+            raise ValueError(f"pack_min_numel must be >= 0, got {self.pack_min_numel!r}")
+        if self.verify_every < 0:
+            raise ValueError(f"verify_every must be >= 0 (0: only at mask changes), got {self.verify_every!r}")
+        self.schedule  # validates begin_step, end_step, frequency
+
+    @property
+    def schedule(self) -> PolynomialSchedule:
+        return PolynomialSchedule(
+            final_sparsity=float(self.sparsity),
+            begin_step=self.begin_step,
+            end_step=self.end_step,
+            frequency=self.frequency,
+        )

@@ -1,0 +1,9 @@
+"""Errors PacTrain raises instead of training on with inconsistent state."""
+
+
+class MaskMismatchError(RuntimeError):
+    """Ranks disagree on a pruning mask; all-reducing packed values would mix unrelated coordinates."""
+
+
+class CheckpointError(ValueError):
+    """A PacTrain checkpoint does not fit the model or optimizer it is loaded into."""

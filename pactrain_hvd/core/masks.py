@@ -1,0 +1,75 @@
+"""Unstructured magnitude masks, computed on host arrays so both frontends get identical masks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+
+def num_to_keep(numel: int, sparsity: float) -> int:
+    """Surviving coordinates of a tensor at ``sparsity``: round(numel * (1 - s)), at least 1."""
+    if numel == 0:
+        return 0
+    return max(1, int(round(numel * (1.0 - sparsity))))
+
+
+def _scores(weight: np.ndarray, previous: np.ndarray | None) -> np.ndarray:
+    """|w|, with coordinates pruned before ranked below everything: masks only shrink."""
+    scores = np.abs(weight.astype(np.float64, copy=False)).ravel()
+    if previous is not None:
+        scores = np.where(previous.ravel(), scores, -1.0)
+    return scores
+
+
+def _top_mask(scores: np.ndarray, keep: int) -> np.ndarray:
+    mask = np.zeros(scores.shape, dtype=bool)
+    if keep >= scores.size:
+        mask[:] = True
+    elif keep > 0:
+        mask[np.argpartition(-scores, keep - 1, kind="introselect")[:keep]] = True
+    return mask
+
+
+def magnitude_masks(
+    weights: Mapping[str, np.ndarray],
+    sparsity: float,
+    previous: Mapping[str, np.ndarray] | None = None,
+    ranking: str = "layer",
+) -> dict[str, np.ndarray]:
+    """Boolean masks keeping the largest-magnitude weights.
+
+    ``ranking="layer"`` keeps ``num_to_keep`` per tensor; ``"global"`` ranks all tensors
+    together (each still keeps at least one coordinate). A coordinate pruned in
+    ``previous`` stays pruned.
+    """
+    if ranking not in ("layer", "global"):
+        raise ValueError(f"ranking must be 'layer' or 'global', got {ranking!r}")
+    previous = previous or {}
+    scores = {name: _scores(np.asarray(w), previous.get(name)) for name, w in weights.items()}
+    if ranking == "layer":
+        flat = {name: _top_mask(s, num_to_keep(s.size, sparsity)) for name, s in scores.items()}
+    else:
+        names = list(scores)
+        joined = np.concatenate([scores[n] for n in names]) if names else np.zeros(0)
+        joined_mask = _top_mask(joined, num_to_keep(joined.size, sparsity))
+        flat, offset = {}, 0
+        for name in names:
+            part = joined_mask[offset : offset + scores[name].size]
+            if not part.any() and part.size:  # never silence a whole layer
+                part = _top_mask(scores[name], 1)
+            flat[name] = part
+            offset += scores[name].size
+    return {name: flat[name].reshape(np.shape(weights[name])) for name in weights}
+
+
+def validate_mask(name: str, mask: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Check a user- or checkpoint-supplied mask; return it as a bool array."""
+    mask = np.asarray(mask)
+    if mask.dtype != np.bool_:
+        raise TypeError(f"mask for {name!r} must have dtype bool, got {mask.dtype}")
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"mask for {name!r} has shape {tuple(mask.shape)}, parameter has shape {tuple(shape)}")
+    if mask.size and not mask.any():
+        raise ValueError(f"mask for {name!r} is all zeros: the layer would never be updated")
+    return mask

@@ -1,0 +1,19 @@
+"""PacTrain for ``horovod.torch``: change one line, ``hvd.DistributedOptimizer`` -> ``pt.DistributedOptimizer``."""
+
+from horovod.torch.compression import Compression
+
+from pactrain_hvd.core import CheckpointError, MaskMismatchError
+from pactrain_hvd.torch.compression import PacTrainCompressor
+from pactrain_hvd.torch.optimizer import DistributedOptimizer, broadcast_masks
+from pactrain_hvd.torch.pruning import Pruner, default_prunable
+
+__all__ = [
+    "CheckpointError",
+    "Compression",
+    "DistributedOptimizer",
+    "MaskMismatchError",
+    "PacTrainCompressor",
+    "Pruner",
+    "broadcast_masks",
+    "default_prunable",
+]

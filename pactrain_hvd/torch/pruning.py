@@ -1,0 +1,130 @@
+"""Masks of the prunable parameters: computed by magnitude, proven equal on every rank, enforced."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterable, Mapping
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+
+from pactrain_hvd.core import (
+    MaskMismatchError,
+    PolynomialSchedule,
+    describe_mismatches,
+    magnitude_masks,
+    mask_fingerprint,
+    validate_mask,
+)
+
+Prunable = Callable[[str, torch.Tensor], bool] | Iterable[str] | None
+
+
+def default_prunable(name: str, param: torch.Tensor) -> bool:
+    """Conv, linear and embedding weights (>= 2-D); biases and norm scales stay dense."""
+    return param.dim() >= 2
+
+
+def select_prunable(named_parameters: Mapping[str, torch.Tensor], prunable: Prunable) -> list[str]:
+    """Names to prune: by predicate ``(name, param) -> bool`` or by glob patterns on names."""
+    if prunable is None:
+        predicate = default_prunable
+    elif callable(prunable):
+        predicate = prunable
+    elif isinstance(prunable, str):
+        raise TypeError("prunable must be a predicate or a list of name patterns, not a single string")
+    else:
+        patterns = list(prunable)
+        predicate = lambda name, _: any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)  # noqa: E731
+    return [name for name, param in named_parameters.items() if param.requires_grad and predicate(name, param)]
+
+
+class Pruner:
+    """What persists between steps for pruning: the masks, and the Mask Tracker check.
+
+    Masks are recomputed locally on every rank from (identical) weights, then verified: each
+    rank's fingerprints are allgathered and any disagreement raises ``MaskMismatchError``
+    on every rank, naming the tensor, before a single value is communicated with it.
+    """
+
+    def __init__(
+        self,
+        named_parameters: Mapping[str, torch.Tensor],
+        prunable_names: list[str],
+        schedule: PolynomialSchedule,
+        ranking: str = "layer",
+        process_set: hvd.ProcessSet = hvd.global_process_set,
+    ) -> None:
+        self.parameters = dict(named_parameters)
+        self.prunable_names = list(prunable_names)
+        self.schedule = schedule
+        self.ranking = ranking
+        self.process_set = process_set
+        self.masks: dict[str, torch.Tensor] = {}
+
+    def update(self, step: int) -> None:
+        """Recompute masks at the schedule's target for ``step`` and verify them across ranks."""
+        weights = {name: self.parameters[name].detach().cpu().numpy() for name in self.prunable_names}
+        previous = {name: mask.cpu().numpy() for name, mask in self.masks.items()}
+        new_masks = magnitude_masks(weights, self.schedule.target(step), previous, self.ranking)
+        self.verify(new_masks)
+        self.install(new_masks)
+
+    def validate(self, masks: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Check names, shapes and dtypes of externally supplied masks; nothing is changed."""
+        unknown = sorted(set(masks) - set(self.prunable_names))
+        if unknown:
+            raise ValueError(f"masks given for parameters that are not prunable here: {', '.join(unknown)}")
+        return {name: validate_mask(name, np.asarray(m), tuple(self.parameters[name].shape)) for name, m in masks.items()}
+
+    def install(self, masks: Mapping[str, np.ndarray]) -> None:
+        """Replace all masks with validated host masks and zero the pruned weights (local only)."""
+        self.masks = {
+            name: torch.from_numpy(np.ascontiguousarray(mask)).to(self.parameters[name].device)
+            for name, mask in masks.items()
+        }
+        self.apply_to_weights()
+
+    def verify(self, masks: Mapping[str, np.ndarray] | None = None) -> None:
+        """Mask Tracker: allgather (count, hash) per tensor; raise on any disagreement."""
+        if masks is None:
+            masks = {name: mask.cpu().numpy() for name, mask in self.masks.items()}
+        names = sorted(masks)
+        local = torch.tensor([mask_fingerprint(masks[name]) for name in names] or [[0, 0]], dtype=torch.int64)
+        ranks = self.process_set.size()
+        gathered = hvd.allgather(local, name="pactrain.mask_fingerprints", process_set=self.process_set)
+        gathered = gathered.reshape(ranks, -1, 2).numpy()
+        problems = describe_mismatches(names, gathered)
+        if problems:
+            raise MaskMismatchError(
+                "pruning masks differ across ranks: " + "; ".join(problems)
+                + ". After loading a checkpoint on one rank, call pactrain_hvd broadcast_masks(optimizer, root_rank=0)."
+            )
+
+    @torch.no_grad()
+    def apply_to_weights(self) -> None:
+        """Pruned weights become exactly 0 (+0.0), whatever the optimizer did."""
+        for name, mask in self.masks.items():
+            self.parameters[name].masked_fill_(~mask, 0)
+
+    @torch.no_grad()
+    def mask_gradients(self) -> None:
+        for name, mask in self.masks.items():
+            grad = self.parameters[name].grad
+            if grad is not None:
+                grad.masked_fill_(~mask, 0)
+
+    @torch.no_grad()
+    def clear_optimizer_state(self, state: Mapping[torch.Tensor, dict]) -> None:
+        """Zero momentum / Adam moments at pruned coordinates so nothing revives them."""
+        for name, mask in self.masks.items():
+            for value in state.get(self.parameters[name], {}).values():
+                if torch.is_tensor(value) and value.shape == mask.shape:
+                    value.masked_fill_(~mask, 0)
+
+    def sparsity(self) -> float:
+        """Fraction of pruned coordinates over all prunable tensors."""
+        total = sum(self.parameters[name].numel() for name in self.prunable_names)
+        kept = sum(int(self.masks[n].sum()) if n in self.masks else self.parameters[n].numel() for n in self.prunable_names)
+        return 1.0 - kept / total if total else 0.0

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# One idempotent install for pactrain_hvd on Debian + Python 3.11 (root):
+# system packages, the .venv, the frameworks, and Horovod built from source
+# into a wheel cached outside the repo. Safe to re-run; a warm re-run takes
+# well under two minutes. Versions can be overridden from the environment.
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+VENV="${VENV:-$REPO_ROOT/.venv}"
+HOROVOD_VERSION="${HOROVOD_VERSION:-0.28.1}"
+TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+TF_VERSION="${TF_VERSION:-2.16.2}"
+TF_KERAS_SPEC="${TF_KERAS_SPEC:-tf-keras~=${TF_VERSION%.*}.0}"
+CACHE_DIR="${PACTRAIN_CACHE:-$HOME/.cache/pactrain_hvd}"
+APT_PACKAGES=(openmpi-bin libopenmpi-dev build-essential cmake git iproute2 dataset-fashion-mnist)
+
+log() { printf '\033[1m[install]\033[0m %s\n' "$*"; }
+
+install_system_packages() {
+  local missing=()
+  for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    log "system packages present"
+    return
+  fi
+  log "apt-get install ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+create_venv() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    log "creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
+  fi
+}
+
+pip_install() { "$VENV/bin/pip" install -q --disable-pip-version-check "$@"; }
+
+install_frameworks() {
+  log "frameworks: torch==$TORCH_VERSION tensorflow-cpu==$TF_VERSION $TF_KERAS_SPEC"
+  # numpy<2: TF 2.16 is built against the numpy 1 ABI.
+  pip_install "torch==$TORCH_VERSION" "tensorflow-cpu==$TF_VERSION" "$TF_KERAS_SPEC" "numpy<2" \
+    mpi4py cloudpickle psutil pyyaml packaging
+}
+
+# After Horovod: the package's own horovod requirement is then already met.
+install_package() {
+  pip_install -e "$REPO_ROOT[dev]"
+}
+
+# Horovod 0.28.1 builds its C++ as C++14, but torch >= 2.1 headers need C++17
+# ("'optional' in namespace 'std' does not name a template type"). Raise the
+# standard in the two CMakeLists that pin it. Guarded: only the versions known
+# to need it are touched, and the patch must apply or the build stops.
+patch_horovod_source() {
+  local src="$1"
+  case "$HOROVOD_VERSION" in
+    0.28.*)
+      local f
+      for f in "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"; do
+        if grep -q 'set(CMAKE_CXX_STANDARD 14)' "$f"; then
+          sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$f"
+          log "patched C++14 -> C++17 in ${f#"$src"/}"
+        fi
+        grep -q 'set(CMAKE_CXX_STANDARD 17)' "$f" || { echo "C++17 patch failed on $f" >&2; exit 1; }
+      done
+      ;;
+  esac
+}
+
+horovod_wheel_dir() {
+  local py
+  py="$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info.major}{sys.version_info.minor}")')"
+  echo "$CACHE_DIR/horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-tf$TF_VERSION-$py"
+}
+
+build_horovod_wheel() {
+  local wheel_dir="$1" work
+  work="$(mktemp -d)"
+  trap 'rm -rf "$work"' RETURN
+  log "building Horovod $HOROVOD_VERSION from source (slow: ~10-20 min on 2 cores)"
+  "$VENV/bin/pip" download -q --no-deps --no-binary :all: -d "$work" "horovod==$HOROVOD_VERSION"
+  tar -xzf "$work"/horovod-"$HOROVOD_VERSION".tar.gz -C "$work"
+  patch_horovod_source "$work/horovod-$HOROVOD_VERSION"
+  mkdir -p "$wheel_dir.partial"
+  HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+  HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_CPU_OPERATIONS="${HOROVOD_CPU_OPERATIONS:-gloo}" \
+  MAKEFLAGS="${MAKEFLAGS:--j$(nproc)}" \
+    "$VENV/bin/pip" wheel --no-build-isolation --no-deps -w "$wheel_dir.partial" "$work/horovod-$HOROVOD_VERSION"
+  rm -rf "$wheel_dir" && mv "$wheel_dir.partial" "$wheel_dir"   # publish atomically
+}
+
+install_horovod() {
+  local wheel_dir
+  wheel_dir="$(horovod_wheel_dir)"
+  if "$VENV/bin/python" -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERSION')" 2>/dev/null \
+     && check_build quiet; then
+    log "horovod $HOROVOD_VERSION already installed"
+    return
+  fi
+  if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
+    build_horovod_wheel "$wheel_dir"
+  else
+    log "reusing cached wheel in $wheel_dir"
+  fi
+  pip_install --force-reinstall --no-deps "$wheel_dir"/horovod-*.whl
+}
+
+# `horovodrun --check-build` must list every piece we rely on with [X].
+check_build() {
+  local report missing=()
+  report="$("$VENV/bin/horovodrun" --check-build 2>&1)" || true
+  for part in PyTorch TensorFlow Gloo MPI; do
+    grep -qE "\[X\] $part\b" <<<"$report" || missing+=("$part")
+  done
+  if [ ${#missing[@]} -ne 0 ]; then
+    [ "${1:-}" = quiet ] && return 1
+    echo "$report" >&2
+    echo "install: horovodrun --check-build is missing: ${missing[*]}" >&2
+    exit 1
+  fi
+  [ "${1:-}" = quiet ] || log "horovodrun --check-build lists PyTorch, TensorFlow, Gloo, MPI"
+}
+
+install_system_packages
+create_venv
+install_frameworks
+install_horovod
+install_package
+check_build
+touch "$VENV/.pactrain-installed"
+log "done: $VENV"

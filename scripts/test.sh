@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The whole test suite: unit tests, then multi-rank tests under horovodrun (Gloo) and mpirun (MPI).
+# A failure on any rank fails the run.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+VENV=.venv
+PY="$VENV/bin/python"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2 PYTHONDONTWRITEBYTECODE=1
+PYTEST=(-p no:cacheprovider -q -x)
+failed=()
+
+# pytest exits 5 when a selection holds no test: that is a gap, said loudly, not a failure.
+run() {
+  local label="$1"; shift
+  echo "=== $label: $*"
+  timeout --kill-after=30 "${PACTRAIN_TEST_TIMEOUT:-1200}" "$@"
+  local rc=$?
+  if [ $rc -eq 5 ]; then
+    echo "=== $label: no tests collected"
+  elif [ $rc -ne 0 ]; then
+    echo "=== $label: FAILED (exit $rc)"
+    failed+=("$label")
+  fi
+}
+
+run lint "$VENV/bin/ruff" check .
+run unit "$PY" -m pytest "${PYTEST[@]}" tests/unit
+run "torch x2 (gloo)" "$VENV/bin/horovodrun" -np 2 -H localhost:2 --gloo \
+  "$PY" -m pytest "${PYTEST[@]}" tests/parallel/torch
+run "tensorflow x2 (gloo)" "$VENV/bin/horovodrun" -np 2 -H localhost:2 --gloo \
+  "$PY" -m pytest "${PYTEST[@]}" tests/parallel/tensorflow
+run "mpi x2 (mpirun)" mpirun --allow-run-as-root --oversubscribe -np 2 \
+  -x PATH -x PYTHONUNBUFFERED -x TF_CPP_MIN_LOG_LEVEL \
+  "$PY" -m pytest "${PYTEST[@]}" tests/mpi
+
+if [ ${#failed[@]} -ne 0 ]; then
+  printf 'FAILED suites: %s\n' "${failed[*]}"
+  exit 1
+fi
+echo "all suites passed"

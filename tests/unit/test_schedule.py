@@ -1,0 +1,51 @@
+import pytest
+
+from pactrain_hvd.core import PolynomialSchedule
+
+
+def test_cubic_targets_match_zhu_gupta():
+    schedule = PolynomialSchedule(final_sparsity=0.9, begin_step=100, end_step=500, frequency=100)
+    assert schedule.target(0) == 0.0
+    assert schedule.target(100) == 0.0
+    assert schedule.target(300) == pytest.approx(0.9 - 0.9 * 0.5**3)
+    assert schedule.target(500) == 0.9
+    assert schedule.target(10_000) == 0.9
+
+
+def test_update_steps_include_end_and_stop_after_it():
+    schedule = PolynomialSchedule(final_sparsity=0.8, begin_step=10, end_step=35, frequency=10)
+    assert [t for t in range(60) if schedule.is_update_step(t)] == [10, 20, 30, 35]
+    assert schedule.last_update_at_or_before(9) is None
+    assert schedule.last_update_at_or_before(27) == 20
+    assert schedule.last_update_at_or_before(99) == 35
+
+
+def test_one_shot_prunes_once_to_final():
+    schedule = PolynomialSchedule(final_sparsity=0.9, begin_step=5, end_step=5, frequency=100)
+    assert [t for t in range(20) if schedule.is_update_step(t)] == [5]
+    assert schedule.target(5) == 0.9
+
+
+def test_zero_sparsity_never_updates():
+    schedule = PolynomialSchedule(final_sparsity=0.0, begin_step=0, end_step=0)
+    assert not any(schedule.is_update_step(t) for t in range(10))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(final_sparsity=1.0), "final_sparsity must be in"),
+        (dict(final_sparsity=-0.1), "final_sparsity must be in"),
+        (dict(final_sparsity=0.5, begin_step=10, end_step=5), "end_step"),
+        (dict(final_sparsity=0.5, frequency=0), "frequency must be > 0"),
+        (dict(final_sparsity=0.5, begin_step=-1), "begin_step must be >= 0"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PolynomialSchedule(**kwargs)
+
+
+def test_non_integer_step_is_rejected():
+    with pytest.raises(TypeError, match="frequency must be an int"):
+        PolynomialSchedule(final_sparsity=0.5, frequency=2.5)
