@@ -47,7 +47,7 @@ model = nn.Sequential(
     nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10),
 )
 steps_per_epoch = len(x_train) // args.batch_size
-optimizer = torch.optim.SGD(model.parameters(), lr=0.05 * hvd.size(), momentum=0.9)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
 optimizer = pt.DistributedOptimizer(  # the one changed line (was hvd.DistributedOptimizer)
     optimizer, named_parameters=model.named_parameters(),
     compression=hvd.Compression.fp16 if args.fp16 else hvd.Compression.none,
@@ -61,7 +61,7 @@ for epoch in range(args.epochs):
     sent = dense = 0
     losses = []
     start = time.perf_counter()
-    bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}", disable=hvd.rank() != 0, leave=False)
+    bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}", disable=hvd.rank() != 0, leave=False, mininterval=2)
     for step in bar:
         index = order[step * args.batch_size : (step + 1) * args.batch_size]
         optimizer.zero_grad()

@@ -84,7 +84,6 @@ horovod_wheel_dir() {
 build_horovod_wheel() {
   local wheel_dir="$1" work
   work="$(mktemp -d)"
-  trap 'rm -rf "$work"' RETURN
   log "building Horovod $HOROVOD_VERSION from source (slow: ~10-20 min on 2 cores)"
   "$VENV/bin/pip" download -q --no-deps --no-binary :all: -d "$work" "horovod==$HOROVOD_VERSION"
   tar -xzf "$work"/horovod-"$HOROVOD_VERSION".tar.gz -C "$work"
@@ -95,6 +94,7 @@ build_horovod_wheel() {
   MAKEFLAGS="${MAKEFLAGS:--j$(nproc)}" \
     "$VENV/bin/pip" wheel --no-build-isolation --no-deps -w "$wheel_dir.partial" "$work/horovod-$HOROVOD_VERSION"
   rm -rf "$wheel_dir" && mv "$wheel_dir.partial" "$wheel_dir"   # publish atomically
+  rm -rf "$work"
 }
 
 install_horovod() {

@@ -32,7 +32,7 @@ class PacTrainConfig:
             raise ValueError(f"pack_min_numel must be >= 0, got {self.pack_min_numel!r}")
         if self.verify_every < 0:
             raise ValueError(f"verify_every must be >= 0 (0: only at mask changes), got {self.verify_every!r}")
-        self.schedule  # validates begin_step, end_step, frequency
+        _ = self.schedule  # validates begin_step, end_step, frequency
 
     @property
     def schedule(self) -> PolynomialSchedule:

@@ -32,7 +32,7 @@ def dense_reference_grads(model, opt, step, op=hvd.Average):
     loss_of(twin, step).backward()
     masks = opt.masks()
     reference = {}
-    for (name, p), (_, q) in zip(model.named_parameters(), twin.named_parameters()):
+    for name, q in twin.named_parameters():
         key = next(k for k in opt._parameters if k.endswith("." + name))
         grad = q.grad * masks[key] if key in masks else q.grad
         reference[key] = hvd.allreduce(grad, name=f"reference.{key}", op=op)
@@ -102,7 +102,7 @@ def test_gradual_schedule_follows_cubic_targets_and_masks_only_shrink():
         for name, mask in after.items():
             if name in before:
                 assert not (mask & ~before[name]).any(), f"{name} regrew a pruned coordinate"
-    assert history[6] == history[8] or all(torch.equal(history[6][n], history[8][n]) for n in history[6])
+    assert all(torch.equal(history[6][n], history[8][n]) for n in history[8])  # frozen after end_step
     assert opt.stats()["sparsity"] == pytest.approx(0.9, abs=0.01)
     assert_same_on_all_ranks(dict(model.named_parameters()))
 

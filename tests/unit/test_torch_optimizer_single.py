@@ -1,0 +1,80 @@
+"""pt.DistributedOptimizer in one process: argument checks happen before any communication."""
+
+import horovod.torch as hvd
+import pytest
+import torch
+
+import pactrain_hvd.torch as pt
+
+
+@pytest.fixture(scope="module", autouse=True)
+def horovod():
+    hvd.init()
+    yield
+
+
+def model_and_sgd():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(sparsity=1.0), ValueError, r"sparsity must be in \[0, 1\)"),
+    (dict(sparsity=-0.1), ValueError, r"sparsity must be in \[0, 1\)"),
+    (dict(begin_step=10, end_step=5), ValueError, r"end_step \(5\) must be >= begin_step \(10\)"),
+    (dict(frequency=0), ValueError, "frequency must be > 0"),
+    (dict(op=hvd.Adasum), ValueError, "Adasum is not"),
+    (dict(op=hvd.Sum, gradient_predivide_factor=2.0), ValueError, "gradient_predivide_factor not supported"),
+    (dict(backward_passes_per_step=0), ValueError, "backward_passes_per_step must be an int > 0"),
+    (dict(ranking="row"), ValueError, "ranking must be"),
+    (dict(groups=-1), ValueError, "groups should be"),
+])
+def test_bad_arguments_name_what_is_wrong(kwargs, error, message):
+    model, sgd = model_and_sgd()
+    with pytest.raises(error, match=message):
+        pt.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), **kwargs)
+
+
+def test_bad_named_parameters():
+    model, sgd = model_and_sgd()
+    params = list(model.named_parameters())
+    with pytest.raises(ValueError, match="duplicates: 0.weight"):
+        pt.DistributedOptimizer(sgd, named_parameters=params + [("0.weight", params[0][1])])
+    with pytest.raises(ValueError, match=r"positions \[3\] are not named"):
+        pt.DistributedOptimizer(sgd, named_parameters=params[:3])
+    with pytest.raises(ValueError, match="does not update: stray"):
+        pt.DistributedOptimizer(sgd, named_parameters=params + [("stray", torch.nn.Parameter(torch.ones(1)))])
+    with pytest.raises(TypeError, match="torch.optim.Optimizer"):
+        pt.DistributedOptimizer(model, named_parameters=params)
+
+
+def test_bad_masks_change_nothing():
+    model, sgd = model_and_sgd()
+    opt = pt.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), sparsity=0.5)
+    before = model[0].weight.detach().clone()
+    with pytest.raises(ValueError, match=r"'0.weight' has shape \(3, 3\), parameter has shape \(64, 64\)"):
+        opt.set_masks({"0.weight": torch.ones(3, 3, dtype=torch.bool)})
+    with pytest.raises(ValueError, match="'0.weight' is all zeros"):
+        opt.set_masks({"0.weight": torch.zeros(64, 64, dtype=torch.bool)})
+    with pytest.raises(ValueError, match="not prunable here: 0.bias"):
+        opt.set_masks({"0.bias": torch.ones(64, dtype=torch.bool)})
+    with pytest.raises(pt.CheckpointError, match="does not fit this model"):
+        opt.load_state_dict(dict(sgd.state_dict(), pactrain={"step": 3, "masks": {"0.weight": torch.ones(2, dtype=torch.bool)}}))
+    assert opt.masks() == {} and opt.step_count == 0
+    assert torch.equal(model[0].weight, before)
+
+
+def test_lr_scheduler_and_single_process_training():
+    model, sgd = model_and_sgd()
+    opt = pt.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), sparsity=0.75,
+                                  begin_step=0, end_step=0)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    for _ in range(4):
+        opt.zero_grad()
+        model(torch.randn(8, 64)).sum().backward()
+        opt.step()
+        scheduler.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.025)
+    assert int(opt.masks()["0.weight"].sum()) == 1024
+    assert torch.count_nonzero(model[0].weight) <= 1024
