@@ -44,10 +44,17 @@ create_venv() {
 pip_install() { "$VENV/bin/pip" install -q --disable-pip-version-check "$@"; }
 
 install_frameworks() {
-  log "frameworks: torch==$TORCH_VERSION tensorflow-cpu==$TF_VERSION $TF_KERAS_SPEC"
   # numpy<2: TF 2.16 is built against the numpy 1 ABI.
-  pip_install "torch==$TORCH_VERSION" "tensorflow-cpu==$TF_VERSION" "$TF_KERAS_SPEC" "numpy<2" \
-    mpi4py cloudpickle psutil pyyaml packaging
+  local requirements=("torch==$TORCH_VERSION" "tensorflow-cpu==$TF_VERSION" "$TF_KERAS_SPEC" "numpy<2"
+                      mpi4py cloudpickle psutil pyyaml packaging)
+  local stamp="$VENV/.pactrain-frameworks"
+  if [ "$(cat "$stamp" 2>/dev/null)" = "${requirements[*]}" ] && "$VENV/bin/python" -c "import torch, tensorflow" 2>/dev/null; then
+    log "frameworks present: ${requirements[*]:0:3}"
+    return
+  fi
+  log "frameworks: ${requirements[*]:0:3}"
+  pip_install "${requirements[@]}"
+  echo "${requirements[*]}" > "$stamp"
 }
 
 # After Horovod: the package's own horovod requirement is then already met.

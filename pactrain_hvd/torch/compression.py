@@ -17,7 +17,8 @@ class PacTrainCompressor(Compressor):
 
     ``packed=True``: ``compress`` gathers ``tensor.flatten()[surviving_indices]`` into a short
     dense vector (the same length on every rank, because the mask is the same) and
-    ``decompress`` scatters the reduced values back into zeros of the original shape.
+    ``decompress`` scatters the reduced values back into zeros of the original shape, in
+    the compressed tensor's own storage (it holds only local values by then).
     ``packed=False``: the tensor travels whole, with pruned coordinates zeroed.
     ``mask=None``: the tensor is not pruned and travels as Horovod would send it.
     Values are then handed to ``value_compression`` (``hvd.Compression.none`` or ``.fp16``).
@@ -56,13 +57,14 @@ class PacTrainCompressor(Compressor):
         if wire_dtype is not None:
             values = values.to(wire_dtype)
         wire, value_ctx = self.value_compression.compress(values)
-        return wire, (value_ctx, tensor.dtype, tensor.shape)
+        return wire, (value_ctx, tensor)
 
     def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        value_ctx, dtype, shape = ctx
-        values = self.value_compression.decompress(tensor, value_ctx).to(dtype)
+        """Scatter into the tensor that was compressed when it is contiguous (no new allocation)."""
+        value_ctx, original = ctx
+        values = self.value_compression.decompress(tensor, value_ctx).to(original.dtype)
         if not self.packed:
             return values
-        dense = torch.zeros(shape.numel(), dtype=dtype, device=values.device)
-        dense.index_copy_(0, self.surviving_indices, values)
-        return dense.view(shape)
+        dense = original if original.is_contiguous() else torch.empty_like(original, memory_format=torch.contiguous_format)
+        dense.zero_().view(-1).index_copy_(0, self.surviving_indices, values)
+        return dense
