@@ -7,8 +7,9 @@ VENV=.venv
 PY="$VENV/bin/python"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2 PYTHONDONTWRITEBYTECODE=1
-PYTEST=(-p no:cacheprovider -q -x)
+PYTEST=(-p no:cacheprovider -q -x --color=no)
 failed=()
+passed=0
 
 # pytest exits 5 when a selection holds no test: that is a gap, said loudly, not a failure.
 run() {
@@ -21,6 +22,8 @@ run() {
   elif [ $rc -ne 0 ]; then
     echo "=== $label: FAILED (exit $rc)"
     failed+=("$label")
+  else
+    passed=$((passed + 1))
   fi
 }
 
@@ -34,8 +37,8 @@ run "mpi x2 (mpirun)" mpirun --allow-run-as-root --oversubscribe -np 2 \
   -x PATH -x PYTHONUNBUFFERED -x TF_CPP_MIN_LOG_LEVEL \
   "$PY" -m pytest "${PYTEST[@]}" tests/mpi
 
+echo "suites: $passed passed, ${#failed[@]} failed"
 if [ ${#failed[@]} -ne 0 ]; then
   printf 'FAILED suites: %s\n' "${failed[*]}"
   exit 1
 fi
-echo "all suites passed"

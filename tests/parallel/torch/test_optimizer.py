@@ -271,3 +271,17 @@ def test_stats_report_bytes_handed_to_horovod():
     assert stats["sent_bytes"] == 4 * (kept + others)
     assert stats["dense_bytes"] == 4 * (prunable + others)
     assert stats["compression_ratio"] > 3
+
+
+def test_horovod_broadcast_helpers_work_on_the_wrapper():
+    model = make_model(seed=hvd.rank())  # ranks start different, as in a real job
+    opt = pt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-2), named_parameters=named(model, "hb"),
+                                  sparsity=0.9, begin_step=0, end_step=0)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)  # Horovod runs a zero-gradient step on a fresh optimizer
+    pt.broadcast_masks(opt, root_rank=0)
+    train(model, opt, 3)
+    assert opt.masks() and opt.step_count == 4
+    assert_same_on_all_ranks(dict(model.named_parameters()))
+    assert_same_on_all_ranks({f"{n}.{k}": v for n, p in opt._parameters.items()
+                              for k, v in opt.state[p].items() if torch.is_tensor(v)}, "state")
