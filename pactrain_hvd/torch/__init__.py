@@ -3,6 +3,7 @@
 from horovod.torch.compression import Compression
 
 from pactrain_hvd.core import CheckpointError, MaskMismatchError
+from pactrain_hvd.torch.checkpoint import load_checkpoint, save_checkpoint
 from pactrain_hvd.torch.compression import PacTrainCompressor
 from pactrain_hvd.torch.optimizer import DistributedOptimizer, broadcast_masks
 from pactrain_hvd.torch.pruning import Pruner, default_prunable
@@ -16,4 +17,6 @@ __all__ = [
     "Pruner",
     "broadcast_masks",
     "default_prunable",
+    "load_checkpoint",
+    "save_checkpoint",
 ]

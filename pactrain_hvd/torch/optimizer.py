@@ -21,6 +21,7 @@ from horovod.torch.compression import Compression, Compressor
 from horovod.torch.mpi_ops import allreduce_async_, grouped_allreduce_async_, synchronize
 
 from pactrain_hvd.core import CheckpointError, PacTrainConfig, StepStats, TensorStats, should_pack
+from pactrain_hvd.core.config import DEFAULT_VERIFY_EVERY
 from pactrain_hvd.torch.compression import PacTrainCompressor
 from pactrain_hvd.torch.pruning import Prunable, Pruner, select_prunable
 
@@ -67,7 +68,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     - ``prunable``: predicate ``(name, param) -> bool`` or glob patterns; default: >= 2-D weights.
     - ``ranking``: ``"layer"`` (each tensor to the target) or ``"global"``.
     - ``pack_min_numel``, ``pack_max_density``: the adaptive plan (pack only where it pays).
-    - ``verify_every``: also re-verify masks across ranks every N steps (0: at mask changes).
+    - ``verify_every``: also prove masks agree every N steps, before that step's first
+      all-reduce (0: only after mask changes).
 
     Example::
 
@@ -95,7 +97,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         ranking: str = "layer",
         pack_min_numel: int | None = None,
         pack_max_density: float | None = None,
-        verify_every: int = 0,
+        verify_every: int = DEFAULT_VERIFY_EVERY,
     ) -> None:
         # Everything is validated before the first collective call.
         if not isinstance(optimizer, torch.optim.Optimizer) or isinstance(optimizer, DistributedOptimizer):
@@ -358,12 +360,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._pruner.update(self._step)
             self._after_mask_change()
             self._pruner.mask_gradients()  # this step's gradients were reduced under the old mask
-        elif self.config.verify_every and self._step % self.config.verify_every == 0:
-            self._verify_pending = True
         self._verify_if_pending()
         loss = self._optimizer.step(closure)
         self._pruner.apply_to_weights()
         self._step += 1
+        if self.config.verify_every and self._step % self.config.verify_every == 0:
+            self._verify_pending = True  # checked before the next step's first all-reduce
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:

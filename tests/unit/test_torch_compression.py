@@ -69,3 +69,22 @@ def test_wrong_mask_is_rejected_with_its_shape():
         PacTrainCompressor(torch.ones(3))
     with pytest.raises(ValueError, match=r"shape \(2,\) does not fit mask of shape \(3,\)"):
         PacTrainCompressor(torch.ones(3, dtype=torch.bool)).compress(torch.ones(2))
+
+
+def test_checkpoints_are_atomic_and_damage_is_named(tmp_path):
+    from pactrain_hvd.torch import CheckpointError, load_checkpoint, save_checkpoint
+
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, {"weights": torch.arange(1000.0), "step": 7})
+    assert load_checkpoint(path)["step"] == 7
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temporary left behind
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="no checkpoint at"):
+        load_checkpoint(tmp_path / "missing.pt")
+    with pytest.raises((TypeError, AttributeError)):  # pickling a lambda fails mid-write
+        save_checkpoint(path, {"unpicklable": lambda: None})
+    assert path.read_bytes() == data[: len(data) // 2]  # a failed save leaves the old file as it was
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]

@@ -1,0 +1,48 @@
+"""Method names of the benchmark and what they mean (no Horovod import: the harness parses them too).
+
+``dense``, ``fp16``, ``topk`` (``topk-0.001``: density), ``powersgd`` (``powersgd-r8``: rank),
+``pactrain-0.9`` (fp32 values), ``pactrain-0.9-fp16``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DEFAULT_METHODS = ("dense", "fp16", "topk", "powersgd", "pactrain-0.8", "pactrain-0.8-fp16", "pactrain-0.9",
+                   "pactrain-0.9-fp16", "pactrain-0.95", "pactrain-0.95-fp16")
+QUICK_METHODS = ("dense", "topk", "powersgd", "pactrain-0.9-fp16")
+TOPK_DENSITY = 0.01
+POWERSGD_RANK = 4
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    kind: str  # dense | fp16 | topk | powersgd | pactrain
+    sparsity: float = 0.0
+    fp16_values: bool = False
+    density: float = TOPK_DENSITY
+    rank: int = POWERSGD_RANK
+
+
+def parse_method(name: str) -> MethodSpec:
+    """``"pactrain-0.9-fp16"`` -> ``MethodSpec(kind="pactrain", sparsity=0.9, fp16_values=True)``."""
+    if name == "dense":
+        return MethodSpec(name, "dense")
+    if name == "fp16":
+        return MethodSpec(name, "fp16", fp16_values=True)
+    if match := re.fullmatch(r"topk(?:-(0?\.\d+|1(?:\.0)?))?", name):
+        density = float(match.group(1)) if match.group(1) else TOPK_DENSITY
+        if not 0 < density <= 1:
+            raise ValueError(f"method {name!r}: Top-k density must be in (0, 1]")
+        return MethodSpec(name, "topk", density=density)
+    if match := re.fullmatch(r"powersgd(?:-r(\d+))?", name):
+        rank = int(match.group(1)) if match.group(1) else POWERSGD_RANK
+        if rank < 1:
+            raise ValueError(f"method {name!r}: PowerSGD rank must be >= 1")
+        return MethodSpec(name, "powersgd", rank=rank)
+    if match := re.fullmatch(r"pactrain-(0?\.\d+)(-fp16)?", name):
+        return MethodSpec(name, "pactrain", sparsity=float(match.group(1)), fp16_values=bool(match.group(2)))
+    raise ValueError(f"unknown method {name!r}: use dense, fp16, topk[-DENSITY], powersgd[-rRANK], "
+                     "pactrain-SPARSITY[-fp16]")

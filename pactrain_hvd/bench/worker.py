@@ -1,0 +1,191 @@
+"""One rank of one benchmark cell; the harness starts it inside the rank's network namespace.
+
+    ip netns exec ptb-<pid>-w0 env HOROVOD_RANK=0 ... python -m pactrain_hvd.bench.worker \\
+        --model resnet18 --method pactrain-0.9-fp16 --batch-size 16 --out rank0.json
+
+Or, with ``--compute-only``, the compute bound: one process, no Horovod, the plain torch
+optimizer. Every rank writes its own JSON: per-step phase times, the NIC's kernel byte
+counters over the timed steps, and the bytes it handed to Horovod per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import horovod.torch as hvd
+import torch
+from horovod.torch.compression import FP16Compressor
+
+import pactrain_hvd.torch as pt
+from pactrain_hvd.bench.baselines import PowerSGDDistributedOptimizer, TopKDistributedOptimizer
+from pactrain_hvd.bench.methods import MethodSpec, parse_method
+from pactrain_hvd.bench.models import build, loss_fn, synthetic_batch
+from pactrain_hvd.bench.timing import PhaseClock, StepTimes, instrument
+from pactrain_hvd.torch.compression import PacTrainCompressor
+
+LEARNING_RATE = 0.01
+MOMENTUM = 0.9
+
+
+def nic_counters(device: str) -> dict[str, int]:
+    """Kernel counters of ``device`` in this process's namespace (all bytes, headers included)."""
+    base = Path("/sys/class/net") / device / "statistics"
+    return {name: int((base / name).read_text()) for name in ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")}
+
+
+def counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {name: after[name] - before[name] for name in before}
+
+
+def measure_idle_traffic(device: str, seconds: float, fence) -> dict[str, float]:
+    """Bytes per second the NIC carries while no tensor is queued: Horovod's background loop
+    coordinates every cycle (1 ms by default), so this is paid by every method, all the time."""
+    fence()
+    before = nic_counters(device)
+    time.sleep(seconds)
+    delta = counter_delta(before, nic_counters(device))
+    return {name: value / seconds for name, value in delta.items()}
+
+
+def make_distributed_optimizer(spec: MethodSpec, optimizer: torch.optim.Optimizer, model: torch.nn.Module,
+                               clock: PhaseClock):
+    """The method's distributed optimizer, with its compression code timed by ``clock``.
+
+    Every method is built with Horovod's defaults (fusion threshold, cycle time) unchanged.
+    """
+    named = list(model.named_parameters())
+    if spec.kind == "dense":
+        return hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=hvd.Compression.none)
+    if spec.kind == "fp16":
+        instrument(FP16Compressor, ("compress", "decompress"), clock)
+        return hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=hvd.Compression.fp16)
+    if spec.kind == "topk":
+        return TopKDistributedOptimizer(optimizer, named, density=spec.density, clock=clock)
+    if spec.kind == "powersgd":
+        return PowerSGDDistributedOptimizer(optimizer, named, rank=spec.rank, clock=clock)
+    if spec.kind == "pactrain":
+        instrument(PacTrainCompressor, ("compress", "decompress"), clock)
+        compression = hvd.Compression.fp16 if spec.fp16_values else hvd.Compression.none
+        # One-shot pruning at step 0 (end_step=0): the benchmark measures the steady state.
+        return pt.DistributedOptimizer(optimizer, named_parameters=named, compression=compression,
+                                       sparsity=spec.sparsity, begin_step=0, end_step=0, frequency=100)
+    raise ValueError(f"no distributed optimizer for method kind {spec.kind!r}")
+
+
+def payload_bytes(spec: MethodSpec, distributed, model: torch.nn.Module) -> dict[str, int]:
+    """Bytes this rank hands to Horovod per step, as the method itself accounts them."""
+    if spec.kind in ("dense", "fp16"):
+        element = 2 if spec.fp16_values else 4
+        return {"allreduce_bytes": sum(p.numel() * element for p in model.parameters() if p.requires_grad),
+                "allgather_bytes": 0}
+    if spec.kind == "pactrain":
+        return {"allreduce_bytes": int(distributed.stats()["sent_bytes"]), "allgather_bytes": 0}
+    return distributed.payload()
+
+
+def train_step(model_name: str, model: torch.nn.Module, optimizer, inputs: torch.Tensor, targets: torch.Tensor,
+               clock: PhaseClock, distributed: bool) -> tuple[StepTimes, float]:
+    """Forward, backward, (synchronize), update, with the time of each phase."""
+    clock.take()
+    start = time.perf_counter()
+    optimizer.zero_grad()
+    loss = loss_fn(model_name, model(inputs), targets)
+    loss.backward()
+    backward_done = time.perf_counter()
+    compress_in_backward = clock.take()
+    if distributed:
+        optimizer.synchronize()
+        synchronized = time.perf_counter()
+        compress_in_synchronize = clock.take()
+        with optimizer.skip_synchronize():
+            optimizer.step()
+    else:
+        synchronized, compress_in_synchronize = backward_done, 0.0
+        optimizer.step()
+    updated = time.perf_counter()
+    times = StepTimes.from_marks(start, backward_done, synchronized, updated, compress_in_backward, compress_in_synchronize)
+    return times, float(loss.detach())
+
+
+def run(args: argparse.Namespace) -> dict:
+    torch.set_num_threads(args.threads)
+    spec = None if args.compute_only else parse_method(args.method)
+    rank, size = 0, 1
+    if spec is not None:
+        hvd.init()
+        rank, size = hvd.rank(), hvd.size()
+    torch.manual_seed(args.seed)
+    model = build(args.model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+    clock = PhaseClock()
+    distributed = None
+    if spec is not None:
+        distributed = make_distributed_optimizer(spec, optimizer, model, clock)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    generator = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    inputs, targets = synthetic_batch(args.model, args.batch_size, generator)
+    step_optimizer = distributed if distributed is not None else optimizer
+
+    def fence() -> None:
+        if distributed is not None:
+            hvd.allreduce(torch.zeros(1), name="bench.fence")
+
+    idle = measure_idle_traffic(args.device, args.idle_seconds, fence) if distributed is not None and args.device else None
+    losses, steps = [], []
+    for _ in range(args.warmup):
+        losses.append(train_step(args.model, model, step_optimizer, inputs, targets, clock, distributed is not None)[1])
+    fence()
+    before = nic_counters(args.device) if args.device else None
+    for _ in range(args.steps):
+        times, loss = train_step(args.model, model, step_optimizer, inputs, targets, clock, distributed is not None)
+        steps.append(times.__dict__)
+        losses.append(loss)
+    fence()
+    after = nic_counters(args.device) if args.device else None
+
+    record = {
+        "rank": rank, "size": size, "model": args.model, "method": args.method if spec else "compute-only",
+        "batch_size": args.batch_size, "threads": torch.get_num_threads(), "warmup": args.warmup,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "steps": steps, "losses": losses,
+        "nic": {"device": args.device, **counter_delta(before, after)} if before else None,
+        "idle_nic": idle,
+        "payload": payload_bytes(spec, distributed, model) if spec else None,
+        "python": platform.python_version(), "torch": torch.__version__,
+        "horovod_env": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")},
+    }
+    if spec is not None and spec.kind == "pactrain" and rank == 0:
+        record["pactrain_stats"] = distributed.stats()
+    return record
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--method", default="dense")
+    parser.add_argument("--compute-only", action="store_true", help="no Horovod: the compute bound")
+    parser.add_argument("--batch-size", type=int, required=True)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default=os.environ.get("HOROVOD_GLOO_IFACE", ""),
+                        help="NIC whose counters to read (default: HOROVOD_GLOO_IFACE)")
+    parser.add_argument("--idle-seconds", type=float, default=1.0,
+                        help="measure the NIC's idle (Horovod control) traffic this long before warm-up")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    record = run(args)
+    Path(args.out).write_text(json.dumps(record))
+    if record["size"] > 1:
+        hvd.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

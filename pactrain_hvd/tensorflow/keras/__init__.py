@@ -1,0 +1,8 @@
+"""PacTrain for Keras 3 and tf-keras 2: ``hvd.DistributedOptimizer`` -> ``ptk.DistributedOptimizer``."""
+
+from horovod.tensorflow.compression import Compression
+
+from pactrain_hvd.tensorflow.keras import callbacks
+from pactrain_hvd.tensorflow.keras.optimizer import DistributedOptimizer
+
+__all__ = ["Compression", "DistributedOptimizer", "callbacks"]

@@ -1,0 +1,65 @@
+"""Keras callbacks for PacTrain, for Keras 3 (where Horovod's fail on ``Variable.ref``) and tf-keras 2."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from pactrain_hvd.tensorflow.optimizer import broadcast_masks
+from pactrain_hvd.tensorflow.pruning import backing_variable
+
+
+def _optimizer_variables(optimizer: Any) -> list[Any]:
+    """Keras 3: a list property; tf-keras 2: a callable list; legacy optimizers: a method."""
+    variables = getattr(optimizer, "variables", [])
+    return list(variables() if callable(variables) else variables)
+
+
+class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
+    """Broadcast model variables, optimizer variables and PacTrain masks from ``root_rank``.
+
+    Unlike Horovod's callback, which broadcasts after the first batch, this one broadcasts
+    before the first step: masks are computed from the weights, so ranks must start equal.
+    Optimizer variables are broadcast again after the first batch, for optimizers that only
+    create their slots in the first step (tf-keras 2).
+
+    Example::
+
+        >>> model.fit(x, y, callbacks=[ptk.callbacks.BroadcastGlobalVariablesCallback(0)])
+    """
+
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables: Any = None) -> None:
+        super().__init__()
+        if isinstance(root_rank, bool) or not isinstance(root_rank, int) or root_rank < 0:
+            raise ValueError(f"root_rank must be a rank (an int >= 0), got {root_rank!r}")
+        if local_variables is None:
+            local_variables = []
+        elif not isinstance(local_variables, (list, tuple, set)):
+            local_variables = [local_variables]
+        self.root_rank = root_rank
+        self.device = device
+        self._local = {backing_variable(v).ref() for v in local_variables}
+        self._first_batch_done = False
+
+    def _broadcast(self, variables: list[Any]) -> None:
+        shared = [backing_variable(v) for v in variables]
+        shared = [v for v in shared if v.ref() not in self._local]
+        if shared:
+            with tf.device(self.device):
+                hvd.broadcast_variables(shared, root_rank=self.root_rank)
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._broadcast(list(self.model.variables))
+        optimizer = self.model.optimizer
+        self._broadcast(_optimizer_variables(optimizer))
+        state = getattr(optimizer, "pactrain_state", None)
+        if state is not None:
+            state.bind(self.model.trainable_variables)
+            broadcast_masks(state, self.root_rank)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if not self._first_batch_done:
+            self._first_batch_done = True
+            self._broadcast(_optimizer_variables(self.model.optimizer))

@@ -1,0 +1,587 @@
+"""``PacTrainState`` and ``DistributedGradientTape``: Horovod's TF gradient all-reduce, pruned and packed.
+
+One explicit state object holds what persists between steps (schedule position, masks, plan,
+wire accounting) and does the reduction for both frontends: ``DistributedGradientTape`` here
+and the Keras ``DistributedOptimizer`` in ``pactrain_hvd.tensorflow.keras``.
+
+How a step runs, in or out of ``tf.function``:
+
+1. *Maintenance*, only at the steps that need it (schedule update, pending or periodic mask
+   verification): masks are recomputed from the weights with numpy (``core.magnitude_masks``,
+   the same code as the torch frontend), verified across ranks, and written into TF variables.
+   Eagerly it is a plain call; inside a traced function a ``tf.cond`` on the step counter runs
+   it through ``tf.py_function``, and every op of the step is ordered after it.
+2. Per gradient, ``PacTrainCompressor`` reads its mask, surviving indices and plan from
+   variables, so the traced graph stays valid across mask changes: nothing is retraced.
+3. Horovod all-reduces the packed vectors (no indices travel), the compressor scatters back.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+from horovod.common.util import split_list
+from horovod.tensorflow.compression import Compression, Compressor
+
+from pactrain_hvd.core import (
+    CheckpointError,
+    PacTrainConfig,
+    PolynomialSchedule,
+    StepStats,
+    TensorStats,
+    should_pack,
+)
+from pactrain_hvd.tensorflow.compression import UNMASKED, PacTrainCompressor
+from pactrain_hvd.tensorflow.pruning import Prunable, Pruner, backing_variable, select_prunable, variable_names
+
+_SUPPORTED_OPS = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Min: "Min", hvd.Max: "Max"}
+_NEVER = np.iinfo(np.int64).max
+_HOROVOD_DEFAULTS = {"compression": Compression.none, "sparse_as_dense": False, "op": hvd.Average,
+                     "gradient_predivide_factor": 1.0, "groups": None, "process_set": hvd.global_process_set,
+                     "device_dense": "", "device_sparse": "", "scale_local_gradients": True}
+
+
+def _require_initialized(caller: str) -> None:
+    if not hvd.is_initialized():
+        raise RuntimeError(f"Horovod is not initialized: call hvd.init() before creating {caller}")
+
+
+def _next_update_after(schedule: PolynomialSchedule, step: int) -> int | None:
+    """The first step after ``step`` at which the schedule recomputes masks."""
+    candidates = [schedule.begin_step, schedule.end_step]
+    last = schedule.last_update_at_or_before(step)
+    if last is not None:
+        candidates.append(last + schedule.frequency)
+    return min((c for c in candidates if c > step and schedule.is_update_step(c)), default=None)
+
+
+def _validate_groups(groups: Any) -> None:
+    if groups is None:
+        return
+    if isinstance(groups, bool) or not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
+        raise ValueError(f"groups should be a positive integer or a list of lists of tf.Variable, got {groups!r}")
+    if isinstance(groups, list) and not all(isinstance(group, (list, tuple)) for group in groups):
+        raise ValueError("groups given as a list must be a list of lists of tf.Variable")
+
+
+class PacTrainState(tf.train.experimental.PythonState):
+    """What persists between steps: schedule position, masks, packing plan, wire accounting.
+
+    Takes Horovod's reduction arguments (``compression``, ``op``, ``gradient_predivide_factor``,
+    ``groups``, ``sparse_as_dense``, ``process_set``, ``device_dense``, ``device_sparse``,
+    ``scale_local_gradients``) and
+    PacTrain's (``sparsity``, ``begin_step``, ``end_step``, ``frequency``, ``prunable``,
+    ``ranking``, ``pack_min_numel``, ``pack_max_density``, ``verify_every``; see
+    ``pactrain_hvd.torch.DistributedOptimizer``). ``optimizer``: whose slots (momentum, Adam
+    moments) are zeroed at newly pruned coordinates when masks change.
+
+    The state binds to the variables of its first ``reduce`` call (more may join later). It is a
+    checkpointable object: put it in a ``tf.train.Checkpoint`` to save masks and schedule
+    position (the Keras optimizer carries its own, so ``Checkpoint(optimizer=opt)`` does it).
+
+    Example::
+
+        >>> state = pt.PacTrainState(sparsity=0.9, end_step=1000, frequency=100, optimizer=opt)
+        >>> @tf.function
+        ... def train_step(x, y):
+        ...     with tf.GradientTape() as tape:
+        ...         loss = loss_fn(y, model(x, training=True))
+        ...     tape = pt.DistributedGradientTape(tape, state=state)
+        ...     grads = tape.gradient(loss, model.trainable_variables)
+        ...     opt.apply_gradients(zip(grads, model.trainable_variables))
+    """
+
+    def __init__(
+        self,
+        compression: type[Compressor] = Compression.none,
+        sparse_as_dense: bool = False,
+        op: Any = hvd.Average,
+        gradient_predivide_factor: float = 1.0,
+        groups: int | list | None = None,
+        process_set: hvd.ProcessSet = hvd.global_process_set,
+        device_dense: str = "",
+        device_sparse: str = "",
+        scale_local_gradients: bool = True,
+        sparsity: float = 0.9,
+        begin_step: int = 0,
+        end_step: int = 1000,
+        frequency: int = 100,
+        prunable: Prunable = None,
+        ranking: str = "layer",
+        pack_min_numel: int | None = None,
+        pack_max_density: float | None = None,
+        verify_every: int = 0,
+        optimizer: Any = None,
+    ) -> None:
+        # Everything is validated before the first collective call.
+        plan_overrides = {k: v for k, v in (("pack_min_numel", pack_min_numel), ("pack_max_density", pack_max_density))
+                          if v is not None}
+        self.config = PacTrainConfig(
+            sparsity=sparsity, begin_step=begin_step, end_step=end_step, frequency=frequency,
+            ranking=ranking, verify_every=verify_every, **plan_overrides,
+        )
+        if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
+            raise TypeError(f"compression must be a Horovod Compressor such as hvd.Compression.fp16, got {compression!r}")
+        if op not in _SUPPORTED_OPS:
+            raise ValueError(f"op={op!r} is not supported with packing: use hvd.Average, hvd.Sum, hvd.Min or hvd.Max "
+                             "(Adasum is not)")
+        if gradient_predivide_factor != 1.0 and op != hvd.Average:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+        _validate_groups(groups)
+        if not isinstance(process_set, hvd.ProcessSet):
+            raise TypeError(f"process_set must be a horovod ProcessSet, got {type(process_set).__name__}")
+        if prunable is not None and isinstance(prunable, str):
+            raise TypeError("prunable must be a predicate or a list of name patterns, not a single string")
+        _require_initialized("pactrain_hvd.tensorflow.PacTrainState")
+        self.compression = compression
+        self.sparse_as_dense = bool(sparse_as_dense)
+        self.op = op
+        self.gradient_predivide_factor = float(gradient_predivide_factor)
+        self.groups = groups
+        self.process_set = process_set
+        self.device_dense = device_dense
+        self.device_sparse = device_sparse
+        self.scale_local_gradients = bool(scale_local_gradients)
+        self.prunable = prunable
+        self.optimizer = optimizer
+
+        self._names: list[str] = []
+        self._positions: dict[Any, int] = {}
+        self._local: set[Any] = set()
+        self._compressors: dict[str, PacTrainCompressor] = {}
+        self._packed: dict[str, bool] = {}
+        self._dense_bytes: dict[int, int] = {}
+        self._pruner = Pruner({}, [], self.config.schedule, self.config.ranking, process_set)
+        self._verify_pending = False
+        self._pending_restore: bytes | None = None
+        with tf.init_scope():
+            self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="pactrain_step")
+            first = _next_update_after(self.config.schedule, -1)
+            self._next_due = tf.Variable(_NEVER if first is None else first, dtype=tf.int64, trainable=False,
+                                         name="pactrain_next_maintenance")
+            self._sent_bytes = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False,
+                                           name="pactrain_sent_bytes")
+        self._communicate_eagerly = tf.function(self._communicate)
+        self.traces = 0  # times the reduction was traced into a graph; mask changes add none
+
+    # -- what users read ------------------------------------------------------------------------
+    @property
+    def step_count(self) -> int:
+        """Gradient reductions done: the schedule position."""
+        return int(self._step.numpy())
+
+    def masks(self) -> dict[str, np.ndarray]:
+        """``{variable name: bool mask}`` for every pruned variable (copies; restored but not yet
+        bound: under the names they were saved with)."""
+        if self._pending_restore is not None:
+            return {name: mask for _, name, mask in _parse_state(self._pending_restore)[1]}
+        return {name: mask.copy() for name, mask in self._pruner.masks.items()}
+
+    def stats(self) -> dict:
+        """The last step's wire bytes (sent and dense-equivalent), per-tensor density and plan."""
+        sent = self._sent_bytes.numpy()
+        tensors = {}
+        for position, name in enumerate(self._names):
+            if position >= sent.size or sent[position] < 0:
+                continue  # not communicated in the last step (no gradient, or a local source)
+            numel = self._pruner.variables[name].shape.num_elements()
+            mask = self._pruner.masks.get(name)
+            tensors[name] = TensorStats(numel=numel, kept=numel if mask is None else int(mask.sum()),
+                                        packed=self._packed.get(name, False), sent_bytes=int(sent[position]),
+                                        dense_bytes=self._dense_bytes[position])
+        stats = StepStats(step=max(self.step_count - 1, 0), tensors=tensors)
+        return dict(stats.as_dict(), sparsity=self._pruner.sparsity())
+
+    def set_masks(self, masks: dict[str, Any]) -> None:
+        """Replace the masks (bool arrays or tensors by variable name); local, no communication.
+
+        Ranks are proven to agree before the next gradient is communicated.
+        """
+        self._install(self._pruner.validate({name: np.asarray(mask) for name, mask in masks.items()}))
+        self._mark_verify_pending()
+
+    def verify(self) -> None:
+        """Mask Tracker, now: a collective call that raises ``MaskMismatchError`` on every rank."""
+        self._pruner.verify()
+
+    def register_local(self, variable: Any) -> None:
+        """Gradients of ``variable`` stay local: not reduced (scaled by 1/size if ``scale_local_gradients``)."""
+        self._local.add(backing_variable(variable).ref())
+
+    # -- binding to variables -------------------------------------------------------------------
+    def bind(self, variables: Sequence[Any]) -> tuple[int, ...]:
+        """Register variables (idempotent); returns their positions. Safe inside ``tf.function``."""
+        backing = [backing_variable(v) for v in variables]
+        new = [(v, b) for v, b in zip(variables, backing) if b.ref() not in self._positions]
+        if new:
+            with tf.init_scope():
+                self._register(new)
+        return tuple(self._positions[b.ref()] for b in backing)
+
+    def _register(self, new: list[tuple[Any, tf.Variable]]) -> None:
+        names = variable_names([v for v, _ in new])
+        taken = set(self._names)
+        clashes = sorted(name for name in names if name in taken)
+        if clashes:
+            raise ValueError(f"variables named {', '.join(clashes)} are already bound to this PacTrainState under the "
+                             "same names: use one state per set of variables")
+        named = dict(zip(names, (b for _, b in new)))
+        prunable = select_prunable(named, self.prunable)
+        for name, variable in named.items():
+            self._positions[variable.ref()] = len(self._names)
+            self._names.append(name)
+            self._pruner.variables[name] = variable
+            if name in prunable:
+                self._pruner.prunable_names.append(name)
+                self._compressors[name] = PacTrainCompressor(shape=variable.shape, value_compression=self.compression)
+        self._sent_bytes.assign(-tf.ones([len(self._names)], tf.int64))
+        if self._pending_restore is not None:
+            blob, self._pending_restore = self._pending_restore, None
+            self._restore(*_parse_state(blob))
+
+    # -- maintenance: between steps, eagerly ----------------------------------------------------
+    def _install(self, masks: dict[str, np.ndarray]) -> None:
+        """New masks: zero pruned weights, rebuild the plan, clear optimizer slots (local only)."""
+        self._pruner.install(masks)
+        cfg = self.config
+        for name, compressor in self._compressors.items():
+            mask = self._pruner.masks.get(name)
+            packed = mask is not None and should_pack(mask.size, int(mask.sum()), cfg.pack_min_numel,
+                                                      cfg.pack_max_density)
+            compressor.set_mask(mask, packed)
+            self._packed[name] = packed
+        if self.optimizer is not None:
+            self._pruner.clear_optimizer_slots(self.optimizer)
+
+    def _mark_verify_pending(self) -> None:
+        self._verify_pending = True
+        self._next_due.assign(self._step.read_value())
+
+    def _maintain(self, step: int) -> None:
+        """Schedule update and/or Mask Tracker check due at ``step``; then when to come back."""
+        cfg = self.config
+        if cfg.schedule.is_update_step(step):
+            if self.optimizer is None and not self._pruner.masks:
+                warnings.warn("PacTrainState has no optimizer: its slots (momentum, Adam moments) will not be "
+                              "cleared at pruned coordinates. Pass optimizer=...", stacklevel=3)
+            self._install(self._pruner.compute(step))
+        elif self._verify_pending or (cfg.verify_every and step % cfg.verify_every == 0):
+            self._pruner.verify()
+        self._verify_pending = False
+        following = [s for s in (_next_update_after(cfg.schedule, step),) if s is not None]
+        if cfg.verify_every:
+            following.append((step // cfg.verify_every + 1) * cfg.verify_every)
+        self._next_due.assign(min(following, default=_NEVER))
+
+    def _maintain_in_graph(self, step: tf.Tensor) -> tf.Tensor:
+        """The ``py_function`` body. TF re-raises a Python error from here as ``tf.errors.UnknownError``
+        whose message carries it, e.g. ``MaskMismatchError: pruning masks differ across ranks: ...``."""
+        self._maintain(int(step))
+        return step
+
+    # -- the reduction ----------------------------------------------------------------------------
+    def reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
+        """All-reduce ``grads`` of ``variables`` (pruned ones packed) and advance the schedule one step.
+
+        Eagerly, maintenance runs here in Python and the communication in a cached
+        ``tf.function`` (as Horovod does); inside a traced function both become graph ops.
+        """
+        if len(grads) != len(variables):
+            raise ValueError(f"got {len(grads)} gradients for {len(variables)} variables")
+        grads = list(grads)
+        shared = [i for i, v in enumerate(variables) if backing_variable(v).ref() not in self._local]
+        positions = self.bind([variables[i] for i in shared])
+        shared_grads = [grads[i] for i in shared]
+        if not tf.executing_eagerly():
+            reduced = self._communicate(shared_grads, positions, maintain=True)
+        else:
+            step = self.step_count
+            if step == int(self._next_due.numpy()):
+                self._maintain(step)
+            reduced = self._communicate_eagerly(shared_grads, positions, maintain=False)
+        local = sorted(set(range(len(grads))) - set(shared))
+        for i, grad in zip(shared, reduced):
+            grads[i] = grad
+        size = self.process_set.size()
+        if self.scale_local_gradients and size > 1:
+            for i in local:
+                grads[i] = None if grads[i] is None else _scale(grads[i], 1.0 / size)
+        return grads
+
+    def _communicate(self, grads: list[Any], positions: tuple[int, ...], maintain: bool) -> list[Any]:
+        self.traces += 1
+        with tf.name_scope("PacTrain"):
+            dependencies = []
+            if maintain:
+                step = self._step.read_value()
+                dependencies.append(tf.cond(
+                    tf.equal(step, self._next_due.read_value()),
+                    lambda: tf.py_function(self._maintain_in_graph, [step], tf.int64),
+                    lambda: step,
+                ))
+            with tf.control_dependencies(dependencies):
+                reduced, sent = self._allreduce(grads, positions)
+                record = self._sent_bytes.assign(tf.stack(sent))
+            with tf.control_dependencies([record]):
+                self._step.assign_add(1)
+        return reduced
+
+    def _allreduce(self, grads: list[Any], positions: tuple[int, ...]) -> tuple[list[Any], list[tf.Tensor]]:
+        """Compress, reduce (grouped as Horovod would), decompress; also the bytes each tensor put on the wire."""
+        sent: list[tf.Tensor] = [tf.constant(-1, tf.int64)] * len(self._names)
+        reduced: list[Any] = list(grads)
+        dense: list[tuple[int, tf.Tensor, Compressor]] = []
+        for index, (grad, position) in enumerate(zip(grads, positions)):
+            if grad is None:
+                continue
+            name = self._names[position]
+            compressor = self._compressors.get(name, self.compression)
+            self._dense_bytes[position] = self._pruner.variables[name].shape.num_elements() * grad.dtype.size
+            if isinstance(grad, tf.IndexedSlices):
+                if not self.sparse_as_dense:
+                    if name in self._compressors:
+                        raise ValueError(f"variable {name!r} has a sparse gradient (tf.IndexedSlices): pass "
+                                         "sparse_as_dense=True (packing needs dense gradients)")
+                    reduced[index], sent[position] = self._allgather_sparse(grad)
+                    continue
+                grad = tf.convert_to_tensor(grad)
+            dense.append((index, grad, compressor))
+        if not self.process_set.included():
+            return reduced, sent
+        with tf.device(self.device_dense):
+            wires, contexts = [], []
+            for index, grad, compressor in dense:
+                wire, ctx = compressor.compress(grad)
+                wires.append(wire)
+                contexts.append(ctx)
+                sent[positions[index]] = tf.size(wire, tf.int64) * wire.dtype.size
+            outputs = self._reduce_wires(wires, [positions[i] for i, _, _ in dense])
+            for (index, _, compressor), output, ctx in zip(dense, outputs, contexts):
+                reduced[index] = compressor.decompress(output, ctx)
+        return reduced, sent
+
+    def _scale_factors(self) -> tuple[float, float]:
+        if self.op == hvd.Average:
+            # Split the average like Horovod: the C++ side applies the extra 1/size.
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    def _reduce_wires(self, wires: list[tf.Tensor], positions: list[int]) -> list[tf.Tensor]:
+        if self.process_set.size() == 1 or not wires:
+            return wires  # single process: still masked and packed, nothing to exchange
+        prescale, postscale = self._scale_factors()
+        common = dict(op=self.op, prescale_factor=prescale, postscale_factor=postscale, process_set=self.process_set)
+        if self.groups is None:
+            return [hvd.allreduce(wire, **common) for wire in wires]
+        outputs: list[Any] = [None] * len(wires)
+        for members in self._group(positions):
+            grouped = hvd.grouped_allreduce([wires[i] for i in members], **common)
+            for i, output in zip(members, grouped):
+                outputs[i] = output
+        return outputs
+
+    def _group(self, positions: list[int]) -> list[list[int]]:
+        """Split wire indices into Horovod groups: ``groups`` chunks, or by the given variable lists."""
+        if isinstance(self.groups, int):
+            return [members for members in split_list(list(range(len(positions))), self.groups) if members]
+        group_of = {}
+        for number, group in enumerate(self.groups):
+            for variable in group:
+                group_of[self._positions.get(backing_variable(variable).ref())] = number
+        grouped: dict[Any, list[int]] = {}
+        for i, position in enumerate(positions):
+            grouped.setdefault(group_of.get(position, ("alone", i)), []).append(i)
+        return list(grouped.values())
+
+    def _allgather_sparse(self, grad: tf.IndexedSlices) -> tuple[tf.IndexedSlices, tf.Tensor]:
+        """Unpruned sparse gradients travel as Horovod sends them: values and indices allgathered."""
+        with tf.device(self.device_sparse):
+            reduced = hvd.allreduce(grad, op=self.op, compression=self.compression, process_set=self.process_set)
+        sent = tf.size(grad.values, tf.int64) * grad.values.dtype.size + tf.size(grad.indices, tf.int64) * grad.indices.dtype.size
+        return reduced, sent
+
+    def enforce(self, variables: Iterable[Any]) -> None:
+        """Pruned weights become exactly 0 (+0.0) whatever the optimizer did; graph-safe, skipped while unmasked."""
+        for variable in variables:
+            backing = backing_variable(variable)
+            position = self._positions.get(backing.ref())
+            compressor = None if position is None else self._compressors.get(self._names[position])
+            if compressor is not None:
+                tf.cond(tf.equal(compressor.plan.read_value(), UNMASKED), lambda: tf.constant(False),
+                        lambda b=backing, c=compressor: _zero_pruned(b, c.mask))
+
+    # -- checkpoints (tf.train.Checkpoint calls these) --------------------------------------------
+    def serialize(self) -> bytes:
+        """Schedule position and masks as an ``.npz`` blob.
+
+        Masks are keyed by the variable's position in binding order (the model's variable
+        order), so they restore into a rebuilt model whose generated names differ (Keras
+        numbers layers per process); the saved names serve the error messages.
+        """
+        if self._pending_restore is not None:
+            return self._pending_restore
+        names = sorted(self._pruner.masks)
+        buffer = io.BytesIO()
+        np.savez(buffer, step=np.int64(self.step_count), names=np.array(names, dtype=np.str_),
+                 positions=np.array([self._names.index(name) for name in names], dtype=np.int64),
+                 **{f"mask_{i}": self._pruner.masks[name] for i, name in enumerate(names)})
+        return buffer.getvalue()
+
+    def deserialize(self, string_value: bytes) -> None:
+        """Restore schedule position and masks; local, validated before anything changes."""
+        step, saved = _parse_state(string_value)
+        if not self._names:
+            self._pending_restore = bytes(string_value)  # applied when the state binds to its variables
+            self._step.assign(step)
+            return
+        self._restore(step, saved)
+
+    def _restore(self, step: int, saved: list[tuple[int, str, np.ndarray]]) -> None:
+        masks = {}
+        for position, saved_name, mask in saved:
+            if position >= len(self._names):
+                raise CheckpointError(f"checkpoint has a mask for variable #{position} ({saved_name!r}), but only "
+                                      f"{len(self._names)} variables are bound here")
+            masks[self._names[position]] = mask
+        try:
+            masks = self._pruner.validate(masks)
+        except (TypeError, ValueError) as error:
+            raise CheckpointError(f"checkpoint does not fit these variables: {error}") from error
+        self._step.assign(step)
+        self._install(masks)
+        self._mark_verify_pending()
+
+
+def _parse_state(blob: bytes) -> tuple[int, list[tuple[int, str, np.ndarray]]]:
+    """(step, [(position, saved name, mask)]) from ``PacTrainState.serialize``."""
+    try:
+        with np.load(io.BytesIO(blob), allow_pickle=False) as saved:
+            names = [str(name) for name in saved["names"]]
+            entries = [(int(position), name, saved[f"mask_{i}"])
+                       for i, (position, name) in enumerate(zip(saved["positions"], names))]
+            return int(saved["step"]), entries
+    except (OSError, KeyError, ValueError, EOFError) as error:
+        raise CheckpointError(f"not a PacTrain state: {error}") from error
+
+
+def broadcast_masks(state: Any, root_rank: int = 0) -> None:
+    """Give every rank ``root_rank``'s masks and schedule position (start and resume); collective.
+
+    ``state``: a ``PacTrainState``, or an optimizer or tape that has one (``.pactrain_state``).
+    Use next to ``hvd.broadcast_variables``.
+    """
+    state = getattr(state, "pactrain_state", state)
+    if not isinstance(state, PacTrainState):
+        raise TypeError(f"broadcast_masks needs a PacTrainState, or an optimizer or tape holding one, got "
+                        f"{type(state).__name__}")
+    blob = hvd.broadcast_object(state.serialize(), root_rank, name="pactrain.state", process_set=state.process_set)
+    state.deserialize(blob)
+    if state._names:
+        state.verify()
+        state._verify_pending = False
+
+
+class DistributedGradientTape:
+    """``hvd.DistributedGradientTape`` with pruning and mask-indexed packing, for Keras 3 and tf-keras.
+
+    Takes every argument of ``hvd.DistributedGradientTape`` with the same defaults, plus the
+    PacTrain arguments of ``PacTrainState`` (``sparsity=0.9``, ``begin_step``, ``end_step``,
+    ``frequency``, ``prunable``, ``ranking``, ``pack_min_numel``, ``pack_max_density``,
+    ``verify_every``, ``optimizer``). The schedule and masks must outlive one step, so keep
+    the state: pass ``state=tape.pactrain_state`` (or a ``PacTrainState`` you made) on later
+    steps; then leave the other arguments at their defaults. One ``gradient`` call is one step.
+
+    With exact-zero gradients at pruned coordinates and slots cleared at mask changes (pass
+    ``optimizer=``), Keras optimizers keep pruned weights at exactly 0.
+
+    Example::
+
+        >>> with tf.GradientTape() as tape:
+        ...     loss = loss_fn(y, model(x, training=True))
+        >>> tape = pt.DistributedGradientTape(tape, state=state)
+        >>> grads = tape.gradient(loss, model.trainable_variables)
+    """
+
+    def __init__(
+        self,
+        gradtape: tf.GradientTape,
+        device_dense: str = "",
+        device_sparse: str = "",
+        compression: type[Compressor] = Compression.none,
+        sparse_as_dense: bool = False,
+        op: Any = hvd.Average,
+        gradient_predivide_factor: float = 1.0,
+        num_groups: int = 0,
+        groups: int | list | None = None,
+        process_set: hvd.ProcessSet = hvd.global_process_set,
+        scale_local_gradients: bool = True,
+        state: PacTrainState | None = None,
+        **pactrain: Any,
+    ) -> None:
+        if not isinstance(gradtape, tf.GradientTape):
+            raise TypeError(f"gradtape must be a tf.GradientTape, got {type(gradtape).__name__}")
+        if num_groups != 0:
+            warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+                          DeprecationWarning, stacklevel=2)
+            groups = groups if groups is not None else num_groups
+        horovod_args = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+                            gradient_predivide_factor=gradient_predivide_factor, groups=groups,
+                            process_set=process_set, device_dense=device_dense, device_sparse=device_sparse,
+                            scale_local_gradients=scale_local_gradients)
+        if state is None:
+            state = PacTrainState(**horovod_args, **pactrain)
+        elif not isinstance(state, PacTrainState):
+            raise TypeError(f"state must be a PacTrainState, got {type(state).__name__}")
+        else:
+            differing = [key for key, value in horovod_args.items()
+                         if value != _HOROVOD_DEFAULTS[key] and value != getattr(state, key)] + sorted(pactrain)
+            if differing:
+                raise ValueError(f"state= was given, so {', '.join(differing)} must be left unset: the state has them")
+        self._tape = gradtape
+        self.pactrain_state = state
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_tape":
+            raise AttributeError(name)
+        return getattr(self._tape, name)  # watch, stop_recording, reset, jacobian...
+
+    def __enter__(self) -> DistributedGradientTape:
+        self._tape.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._tape.__exit__(*exc_info)
+
+    def register_local_source(self, source: Any) -> None:
+        """Gradients of ``source`` are not reduced (scaled by 1/size if ``scale_local_gradients``)."""
+        self.pactrain_state.register_local(source)
+
+    def masks(self) -> dict[str, np.ndarray]:
+        return self.pactrain_state.masks()
+
+    def stats(self) -> dict:
+        return self.pactrain_state.stats()
+
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 unconnected_gradients: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE) -> Any:
+        gradients = self._tape.gradient(target, sources, output_gradients=output_gradients,
+                                        unconnected_gradients=unconnected_gradients)
+        reduced = self.pactrain_state.reduce(tf.nest.flatten(gradients), tf.nest.flatten(sources))
+        return tf.nest.pack_sequence_as(gradients, reduced)
+
+
+def _zero_pruned(weight: tf.Variable, mask: tf.Variable) -> tf.Tensor:
+    weight.assign(tf.where(mask, weight, tf.zeros_like(weight)))
+    return tf.constant(True)
+
+
+def _scale(grad: Any, factor: float) -> Any:
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
+    return grad * factor

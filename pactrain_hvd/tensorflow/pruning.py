@@ -1,0 +1,182 @@
+"""Masks of the prunable variables: computed by magnitude, proven equal on every rank, enforced."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+from pactrain_hvd.core import (
+    MaskMismatchError,
+    PolynomialSchedule,
+    describe_mismatches,
+    magnitude_masks,
+    mask_fingerprint,
+    validate_mask,
+)
+
+Prunable = Callable[[str, tf.Variable], bool] | Iterable[str] | None
+
+
+def backing_variable(variable: Any) -> tf.Variable:
+    """The ``tf.Variable`` behind a TF, tf-keras or Keras 3 variable (Keras 3 wraps one in ``.value``)."""
+    if isinstance(variable, tf.Variable):
+        return variable
+    value = getattr(variable, "value", None)
+    if isinstance(value, tf.Variable):
+        return value
+    raise TypeError(f"expected a tf.Variable or a Keras variable, got {type(variable).__name__}")
+
+
+def variable_names(variables: Sequence[Any]) -> list[str]:
+    """Keras 3 ``path`` or TF ``name``, made unique by position where TF names repeat."""
+    names = [getattr(v, "path", None) or backing_variable(v).name for v in variables]
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        count = seen.get(name, 0)
+        seen[name] = count + 1
+        unique.append(name if count == 0 else f"{name}#{count}")
+    return unique
+
+
+def default_prunable(name: str, variable: tf.Variable) -> bool:
+    """Conv, dense and embedding kernels (>= 2-D); biases and norm scales stay dense."""
+    return variable.shape.rank is not None and variable.shape.rank >= 2
+
+
+def select_prunable(named_variables: Mapping[str, tf.Variable], prunable: Prunable) -> list[str]:
+    """Names to prune: by predicate ``(name, variable) -> bool`` or by glob patterns on names."""
+    if prunable is None:
+        predicate = default_prunable
+    elif callable(prunable):
+        predicate = prunable
+    elif isinstance(prunable, str):
+        raise TypeError("prunable must be a predicate or a list of name patterns, not a single string")
+    else:
+        patterns = list(prunable)
+        predicate = lambda name, _: any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)  # noqa: E731
+    return [name for name, v in named_variables.items() if v.trainable and predicate(name, v)]
+
+
+def _variable_index(optimizer: Any, variable: tf.Variable) -> tuple[int, int] | None:
+    """(position, count) of ``variable`` among the variables a Keras 3 / tf-keras optimizer was built on."""
+    indices = getattr(optimizer, "_trainable_variables_indices", None)  # Keras 3
+    if indices is None:
+        indices = getattr(optimizer, "_index_dict", None)  # tf-keras 2
+    if not indices or not hasattr(optimizer, "_var_key"):
+        return None
+    position = indices.get(optimizer._var_key(variable))
+    return None if position is None else (position, len(indices))
+
+
+def optimizer_slots(optimizer: Any, variable: Any) -> list[tf.Variable]:
+    """The optimizer's per-coordinate state for ``variable`` (momentum, Adam moments, ...).
+
+    Legacy optimizers answer ``get_slot``. Keras 3 and tf-keras 2 optimizers keep one list per
+    kind of slot, aligned with the variables they were built on (``SGD.momentums``,
+    ``Adam._momentums``...): every such list is found by that alignment, so optimizers we
+    have never seen are covered too. Slots of another shape (Adafactor's factors) are skipped.
+    """
+    if optimizer is None:
+        return []
+    if hasattr(optimizer, "get_slot_names"):
+        slots = [optimizer.get_slot(variable, name) for name in optimizer.get_slot_names()]
+        return [backing_variable(s) for s in slots if s is not None and s.shape == variable.shape]
+    located = _variable_index(optimizer, variable)
+    if located is None:
+        return []
+    position, count = located
+    slots = []
+    for attribute, value in vars(optimizer).items():
+        if attribute in ("_variables", "_trainable_variables") or not isinstance(value, list) or len(value) != count:
+            continue
+        slot = value[position]
+        if slot is not None and slot is not variable and hasattr(slot, "assign") and slot.shape == variable.shape:
+            slots.append(backing_variable(slot))
+    return slots
+
+
+class Pruner:
+    """What persists between steps for pruning: the host masks, and the Mask Tracker check.
+
+    Masks are recomputed locally on every rank from (identical) weights, then verified: each
+    rank's fingerprints are allgathered and any disagreement raises ``MaskMismatchError``
+    on every rank, naming the tensor, before a single value is communicated with it.
+    Everything here runs eagerly (between steps, or inside the maintenance ``py_function``).
+    """
+
+    def __init__(
+        self,
+        named_variables: Mapping[str, tf.Variable],
+        prunable_names: list[str],
+        schedule: PolynomialSchedule,
+        ranking: str = "layer",
+        process_set: hvd.ProcessSet = hvd.global_process_set,
+    ) -> None:
+        self.variables = dict(named_variables)
+        self.prunable_names = list(prunable_names)
+        self.schedule = schedule
+        self.ranking = ranking
+        self.process_set = process_set
+        self.masks: dict[str, np.ndarray] = {}
+
+    def compute(self, step: int) -> dict[str, np.ndarray]:
+        """Masks at the schedule's target for ``step``, from the current weights; verified across ranks."""
+        weights = {name: self.variables[name].numpy() for name in self.prunable_names}
+        new_masks = magnitude_masks(weights, self.schedule.target(step), self.masks, self.ranking)
+        self.verify(new_masks)
+        return new_masks
+
+    def validate(self, masks: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Check names, shapes and dtypes of externally supplied masks; nothing is changed."""
+        unknown = sorted(set(masks) - set(self.prunable_names))
+        if unknown:
+            raise ValueError(f"masks given for variables that are not prunable here: {', '.join(unknown)}")
+        return {name: validate_mask(name, np.asarray(mask), tuple(self.variables[name].shape))
+                for name, mask in masks.items()}
+
+    def install(self, masks: Mapping[str, np.ndarray]) -> None:
+        """Replace all masks with validated host masks and zero the pruned weights (local only)."""
+        self.masks = {name: np.array(mask, dtype=np.bool_) for name, mask in masks.items()}
+        for name, mask in self.masks.items():
+            weight = self.variables[name]
+            weight.assign(tf.where(mask, weight, tf.zeros_like(weight)))
+
+    def verify(self, masks: Mapping[str, np.ndarray] | None = None) -> None:
+        """Mask Tracker: allgather (count, hash) per tensor; raise on any disagreement."""
+        masks = self.masks if masks is None else masks
+        names = sorted(masks)
+        local = np.array([mask_fingerprint(masks[name]) for name in names] or [[0, 0]], dtype=np.int64)
+        gathered = hvd.allgather(tf.constant(local), name="pactrain.mask_fingerprints", process_set=self.process_set)
+        problems = describe_mismatches(names, gathered.numpy().reshape(self.process_set.size(), -1, 2))
+        if problems:
+            raise MaskMismatchError(
+                "pruning masks differ across ranks: " + "; ".join(problems)
+                + ". Masks are computed from the weights: broadcast the variables from one rank before the first "
+                "step, and after loading a checkpoint on one rank call pactrain_hvd.tensorflow.broadcast_masks."
+            )
+
+    def clear_optimizer_slots(self, optimizer: Any) -> None:
+        """Zero momentum / Adam moments at pruned coordinates so nothing revives them.
+
+        Before the optimizer's first update its slots hold no history (and, built inside a
+        first trace, may not even be initialized yet): then there is nothing to clear.
+        """
+        iterations = getattr(optimizer, "iterations", None)
+        if iterations is not None and int(tf.convert_to_tensor(iterations)) == 0:
+            return
+        for name, mask in self.masks.items():
+            for slot in optimizer_slots(optimizer, self.variables[name]):
+                slot.assign(tf.where(mask, slot, tf.zeros_like(slot)))
+
+    def sparsity(self) -> float:
+        """Fraction of pruned coordinates over all prunable tensors."""
+        total = sum(self.variables[name].shape.num_elements() for name in self.prunable_names)
+        kept = sum(int(self.masks[n].sum()) if n in self.masks else self.variables[n].shape.num_elements()
+                   for n in self.prunable_names)
+        return 1.0 - kept / total if total else 0.0
