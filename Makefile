@@ -7,7 +7,7 @@ NP      ?= 2
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test lint accuracy clean
 
 $(STAMP): scripts/install.sh setup.py
 	bash scripts/install.sh
@@ -20,6 +20,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	bash scripts/test.sh
+
+accuracy: $(STAMP)
+	$(PY) scripts/accuracy.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

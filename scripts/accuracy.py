@@ -154,7 +154,8 @@ def write_markdown(path: Path, runs: list[dict], settings: dict) -> None:
         f"{settings['np']} workers (horovodrun, Gloo), seed {settings['seed']}, same hyperparameters in every run; "
         f"only `--sparsity` changes. Fashion-MNIST: {settings['epochs']} epochs"
         + (f" (at most {settings['max_steps']} steps)" if settings["max_steps"] else "")
-        + f"; char-LM: {settings['lm_epochs']} epochs" + (f" (at most {settings['lm_max_steps']} steps)" if settings["lm_max_steps"] else "")
+        + f"; char-LM: {settings['lm_epochs']} epochs"
+        + (f" (at most {settings['lm_max_steps']} steps)" if settings["lm_max_steps"] else "")
         + f"; fp16 values: {settings['fp16']}.", "",
         "*sent MB*: bytes each worker handed to the all-reduce over the run; *dense MB*: the same for a dense "
         "all-reduce of every gradient; *ring MB/worker*: what ring all-reduce puts on each worker's link, "
@@ -179,8 +180,9 @@ def write_plot(path: Path, runs: list[dict], task_names: list[str]) -> None:
         top.plot(sparsities, [r[task.metric] for r in done], "o-", color="tab:blue")
         top.set_title(task.label)
         top.set_ylabel(task.metric)
-        bottom.bar([f"{s:g}" for s in sparsities], [r["sent_bytes"] / 1e6 for r in done], color="tab:orange", label="sent")
-        bottom.plot([f"{s:g}" for s in sparsities], [r["dense_bytes"] / 1e6 for r in done], "k--", label="dense")
+        labels = [f"{s:g}" for s in sparsities]
+        bottom.bar(labels, [r["sent_bytes"] / 1e6 for r in done], color="tab:orange", label="sent")
+        bottom.plot(labels, [r["dense_bytes"] / 1e6 for r in done], "k--", label="dense")
         bottom.set_xlabel("target sparsity")
         bottom.set_ylabel("all-reduce MB per worker (run total)")
         bottom.legend()

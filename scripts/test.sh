@@ -33,6 +33,9 @@ run "torch x2 (gloo)" "$VENV/bin/horovodrun" -np 2 -H localhost:2 --gloo \
   "$PY" -m pytest "${PYTEST[@]}" tests/parallel/torch
 run "tensorflow x2 (gloo)" "$VENV/bin/horovodrun" -np 2 -H localhost:2 --gloo \
   "$PY" -m pytest "${PYTEST[@]}" tests/parallel/tensorflow
+run "tensorflow tf-keras 2 x2 (gloo)" env TF_USE_LEGACY_KERAS=1 "$VENV/bin/horovodrun" -np 2 -H localhost:2 --gloo \
+  "$PY" -m pytest "${PYTEST[@]}" tests/parallel/tensorflow
+run "resume after kill (horovodrun)" "$PY" -m pytest "${PYTEST[@]}" tests/integration
 run "mpi x2 (mpirun)" mpirun --allow-run-as-root --oversubscribe -np 2 \
   -x PATH -x PYTHONUNBUFFERED -x TF_CPP_MIN_LOG_LEVEL \
   "$PY" -m pytest "${PYTEST[@]}" tests/mpi

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from pactrain_hvd.bench.harness import BATCH_SIZES, BenchConfig, run_benchmark
+from pactrain_hvd.bench.harness import BATCH_SIZES, SKIPPED, BenchConfig, run_benchmark
 from pactrain_hvd.bench.links import parse_link
 from pactrain_hvd.bench.methods import DEFAULT_METHODS, QUICK_METHODS
 from pactrain_hvd.bench.report import evaluate_targets, results_table, targets_table, write_outputs
@@ -56,7 +56,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--probe-seconds", type=float, default=None)
     parser.add_argument("--cell-timeout", type=float, default=900.0, help="seconds before a cell is abandoned")
-    parser.add_argument("--skip", type=_list, default=[], help="cells MODEL/LINK/METHOD not to run")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="interleaved rounds per model and link; figures are the best round's (shared machines)")
+    parser.add_argument("--cycle-time-ms", type=float, default=5.0,
+                        help="HOROVOD_CYCLE_TIME for every rank of every cell, every method (default 5; Horovod's "
+                             "own default of 1 ms costs ~11%% of a core per idle worker here); 0 for Horovod's")
+    parser.add_argument("--skip", type=_list, default=[], help="cells MODEL/LINK/METHOD not to run, glob patterns: gpt/1gbit/*")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--report-only", type=Path, default=None, help="re-render a results JSON, run nothing")
     return parser.parse_args(argv)
@@ -74,7 +79,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         steps=args.steps if args.steps is not None else (3 if quick else 10),
         batch_sizes=sizes, threads=args.threads,
         probe_seconds=args.probe_seconds if args.probe_seconds is not None else (1.0 if quick else 2.0),
-        cell_timeout_s=args.cell_timeout, skip=args.skip,
+        cell_timeout_s=args.cell_timeout, skip=args.skip, cycle_time_ms=args.cycle_time_ms or None,
+        repeats=args.repeats,
     )
 
 
@@ -98,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for kind, path in paths.items():
         print(f"{kind}: {path}")
-    return 1 if any("error" in cell and cell["error"] != "skipped by --skip" for cell in results["cells"]) else 0
+    return 1 if any("error" in cell and cell["error"] != SKIPPED for cell in results["cells"]) else 0
 
 
 if __name__ == "__main__":

@@ -51,12 +51,18 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "–" if value is None else format(value, spec)
 
 
+def _rounds(cell: dict) -> str:
+    rounds = cell.get("rounds") or []
+    return f" ({', '.join(_fmt(r, '.1f') for r in rounds)})" if len(rounds) > 1 else ""
+
+
 def cell_row(results: dict, cell: dict) -> str:
     dense = find(results, cell["model"], cell["link"], "dense")
     vs_dense = cell["samples_per_s"] / dense["samples_per_s"] if dense else None
     phases = cell["phases_s"]
     return ("| " + " | ".join([
-        cell["model"], cell["link"], cell["method"], _fmt(cell["samples_per_s"]), _fmt(cell["ratio_to_bound"]),
+        cell["model"], cell["link"], cell["method"], _fmt(cell["samples_per_s"]) + _rounds(cell),
+        _fmt(cell["ratio_to_bound"]),
         _fmt(vs_dense), _fmt(cell["step_s"] * 1e3, ".0f"),
         " / ".join(_fmt(phases[p] * 1e3, ".0f") for p in ("compute", "compress", "comm_wait", "update")),
         _fmt(cell["ideal_ring_bytes_per_worker"] / 1e6, ".3f"), _fmt(cell["wire_tx_bytes_per_step"] / 1e6, ".3f"),
@@ -67,7 +73,7 @@ def cell_row(results: dict, cell: dict) -> str:
 
 TABLE_HEADER = (
     "| model | link | method | samples/s | x bound | x dense | step ms | compute / compress / comm wait / update ms "
-    "| ideal MB/worker | wire tx MB/worker | wire/ideal (less idle) | ideal wire ms |\n"
+    "| ideal MB/worker | wire tx MB/worker | wire/ideal (less control) | ideal wire ms |\n"
     "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"
 )
 
@@ -117,10 +123,10 @@ def evaluate_targets(results: dict) -> list[dict]:
         tx = cell["wire_tx_bytes_per_step"]
         verdict("NIC tx bytes within 2% of ring(minimum) (ring(min) / tx)", cell["model"], cell["link"],
                 ring_minimum / tx, 0.98, "tx counts every frame: Ethernet/IP/TCP headers, ACKs, Horovod's control loop")
-        if "idle_tx_bytes_per_step" in cell:
-            verdict("same, less the idle control traffic (ring(min) / (tx - idle))", cell["model"], cell["link"],
-                    ring_minimum / (tx - cell["idle_tx_bytes_per_step"]), 0.98,
-                    f"idle: {cell['idle_tx_bytes_per_step'] / 1e6:.3f} MB per step")
+        if "control_tx_bytes_per_step" in cell:
+            verdict("same, less control traffic (ring(min) / (tx - control))", cell["model"], cell["link"],
+                    ring_minimum / (tx - cell["control_tx_bytes_per_step"]), 0.98,
+                    f"control: {cell['control_tx_bytes_per_step'] / 1e6:.3f} MB per step")
     return verdicts
 
 
@@ -140,7 +146,11 @@ def header(results: dict) -> str:
         f"Horovod {meta['horovod']} over Gloo, torch {meta['torch']}, {config['threads']} thread(s) per worker, "
         f"{meta['cpu_count']} CPUs (load average at start {meta['loadavg_start'][0]:.2f}, end "
         f"{meta.get('loadavg_end', [float('nan')])[0]:.2f}). {config['warmup']} warm-up + {config['steps']} timed "
-        f"steps per cell; figures are medians over the timed steps (a step ends when the slowest rank's does).",
+        f"steps per cell; figures are medians over the timed steps (a step ends when the slowest rank's does)"
+        + (f"; {config['repeats']} interleaved rounds per model and link, each figure (bounds included) the best "
+           "round's." if config.get("repeats", 1) > 1 else "."),
+        "", f"Horovod cycle time: {config.get('cycle_time_ms') or 'default (1)'} ms, fusion threshold: "
+        f"{meta.get('horovod_knobs', {}).get('HOROVOD_FUSION_THRESHOLD', 'default (128 MiB)')}, the same for every method.",
         "", "Batch sizes per worker: " + ", ".join(f"{m} {config['batch_sizes'][m]}" for m in config["models"]) + ".",
         "", "| link | probed Mbit/s (min over ranks) | per rank | qdisc |", "|---|---:|---|---|",
     ]
@@ -148,14 +158,16 @@ def header(results: dict) -> str:
         link = results["links"][label]
         per_rank = ", ".join(f"{p['mbit_per_s']:.1f}" for p in link["probes"])
         lines.append(f"| {label} | {link['mbit_per_s']:.1f} | {per_rank} | `{link['qdisc'] or 'none'}` |")
-    lines += ["", "| model | compute-only bound samples/s | step s per worker |", "|---|---:|---:|"]
-    for model, bound in results["bounds"].items():
-        lines.append(f"| {model} | {bound['samples_per_s']:.2f} | {bound['step_s']:.3f} |")
+    lines += ["", "Compute-only bound, measured before each model's cells on each link "
+              "(the machine is shared, its load drifts):", "",
+              "| model | measured before link | bound samples/s | step s per worker |", "|---|---|---:|---:|"]
+    for bound in results["bounds"]:
+        lines.append(f"| {bound['model']} | {bound['link']} | {bound['samples_per_s']:.2f} | {bound['step_s']:.3f} |")
     return "\n".join(lines)
 
 
 def failures(results: dict) -> str:
-    failed = [c for c in results["cells"] if "error" in c]
+    failed = [c for c in results["cells"] if "error" in c and c["error"] != "skipped by --skip"]
     if not failed:
         return ""
     lines = ["", "## Cells that did not run", ""]
@@ -172,8 +184,8 @@ per-rank medians (compress includes decompress; comm wait is time blocked in `sy
 (ring all-reduce 2(n-1)/n B, ring allgather (n-1) B); *wire tx MB/worker* = the NIC's kernel tx
 counter over the timed steps / steps (all frames: Ethernet/IP/TCP headers, ACKs, Horovod's
 negotiation); *wire/ideal* = that over the ideal bytes, and in brackets the same after
-subtracting the idle traffic (the NIC's tx rate while nothing is queued, measured before
-warm-up, times the step time: Horovod's 1 ms coordination loop); *ideal wire ms* = ideal
+subtracting the control traffic (the NIC's tx rate during forward passes, when no method has a
+tensor in flight, times the step time: Horovod's 1 ms coordination loop); *ideal wire ms* = ideal
 bytes at the probed link rate."""
 
 
@@ -205,8 +217,9 @@ def plot(results: dict, prefix: Path) -> list[Path]:
             if points:
                 axis.plot(*zip(*points), marker="o", label=method,
                           linewidth=2.5 if method.startswith("pactrain") else 1.2)
-        if model in results["bounds"]:
-            axis.axhline(results["bounds"][model]["samples_per_s"], color="black", linestyle="--", label="compute bound")
+        bounds = [b["samples_per_s"] for b in results["bounds"] if b["model"] == model]
+        if bounds:
+            axis.axhline(max(bounds), color="black", linestyle="--", label="compute bound (best)")
         axis.set_xticks(range(len(links)), [f"{label}\n{results['links'][label]['mbit_per_s']:.0f} Mbit/s" for label in links])
         axis.set_title(model)
         axis.set_ylabel("samples/s (all workers)")

@@ -43,14 +43,8 @@ def counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, in
     return {name: after[name] - before[name] for name in before}
 
 
-def measure_idle_traffic(device: str, seconds: float, fence) -> dict[str, float]:
-    """Bytes per second the NIC carries while no tensor is queued: Horovod's background loop
-    coordinates every cycle (1 ms by default), so this is paid by every method, all the time."""
-    fence()
-    before = nic_counters(device)
-    time.sleep(seconds)
-    delta = counter_delta(before, nic_counters(device))
-    return {name: value / seconds for name, value in delta.items()}
+def tx_bytes(device: str) -> int:
+    return int((Path("/sys/class/net") / device / "statistics" / "tx_bytes").read_text())
 
 
 def make_distributed_optimizer(spec: MethodSpec, optimizer: torch.optim.Optimizer, model: torch.nn.Module,
@@ -90,12 +84,19 @@ def payload_bytes(spec: MethodSpec, distributed, model: torch.nn.Module) -> dict
 
 
 def train_step(model_name: str, model: torch.nn.Module, optimizer, inputs: torch.Tensor, targets: torch.Tensor,
-               clock: PhaseClock, distributed: bool) -> tuple[StepTimes, float]:
-    """Forward, backward, (synchronize), update, with the time of each phase."""
+               clock: PhaseClock, distributed: bool, device: str = "") -> tuple[StepTimes, float, dict | None]:
+    """Forward, backward, (synchronize), update, with the time of each phase.
+
+    With ``device``, also the bytes the NIC sent during the forward pass: no method has a
+    tensor in flight then, so that is Horovod's control traffic (its background loop
+    coordinates every cycle, 1 ms by default) under the step's own CPU load.
+    """
     clock.take()
     start = time.perf_counter()
+    tx_start = tx_bytes(device) if device else 0
     optimizer.zero_grad()
     loss = loss_fn(model_name, model(inputs), targets)
+    forward_window = {"seconds": time.perf_counter() - start, "tx_bytes": tx_bytes(device) - tx_start} if device else None
     loss.backward()
     backward_done = time.perf_counter()
     compress_in_backward = clock.take()
@@ -110,7 +111,7 @@ def train_step(model_name: str, model: torch.nn.Module, optimizer, inputs: torch
         optimizer.step()
     updated = time.perf_counter()
     times = StepTimes.from_marks(start, backward_done, synchronized, updated, compress_in_backward, compress_in_synchronize)
-    return times, float(loss.detach())
+    return times, float(loss.detach()), forward_window
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -136,18 +137,20 @@ def run(args: argparse.Namespace) -> dict:
         if distributed is not None:
             hvd.allreduce(torch.zeros(1), name="bench.fence")
 
-    idle = measure_idle_traffic(args.device, args.idle_seconds, fence) if distributed is not None and args.device else None
-    losses, steps = [], []
+    device = args.device if distributed is not None else ""
+    losses, steps, forward_windows = [], [], []
     for _ in range(args.warmup):
         losses.append(train_step(args.model, model, step_optimizer, inputs, targets, clock, distributed is not None)[1])
     fence()
-    before = nic_counters(args.device) if args.device else None
+    before = nic_counters(args.device) if device else None
     for _ in range(args.steps):
-        times, loss = train_step(args.model, model, step_optimizer, inputs, targets, clock, distributed is not None)
+        times, loss, window = train_step(args.model, model, step_optimizer, inputs, targets, clock,
+                                         distributed is not None, device)
         steps.append(times.__dict__)
         losses.append(loss)
+        forward_windows.append(window)
     fence()
-    after = nic_counters(args.device) if args.device else None
+    after = nic_counters(args.device) if device else None
 
     record = {
         "rank": rank, "size": size, "model": args.model, "method": args.method if spec else "compute-only",
@@ -155,7 +158,8 @@ def run(args: argparse.Namespace) -> dict:
         "parameters": sum(p.numel() for p in model.parameters()),
         "steps": steps, "losses": losses,
         "nic": {"device": args.device, **counter_delta(before, after)} if before else None,
-        "idle_nic": idle,
+        "control_tx_bytes_per_s": (sum(w["tx_bytes"] for w in forward_windows) / sum(w["seconds"] for w in forward_windows)
+                                   if device else None),
         "payload": payload_bytes(spec, distributed, model) if spec else None,
         "python": platform.python_version(), "torch": torch.__version__,
         "horovod_env": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")},
@@ -177,8 +181,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default=os.environ.get("HOROVOD_GLOO_IFACE", ""),
                         help="NIC whose counters to read (default: HOROVOD_GLOO_IFACE)")
-    parser.add_argument("--idle-seconds", type=float, default=1.0,
-                        help="measure the NIC's idle (Horovod control) traffic this long before warm-up")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     record = run(args)

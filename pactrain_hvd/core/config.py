@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pactrain_hvd.core.plan import DEFAULT_MAX_DENSITY, DEFAULT_MIN_NUMEL
 from pactrain_hvd.core.schedule import PolynomialSchedule
 
-
 # Re-proving masks costs one small allgather plus a hash of the surviving positions; every
 # 100 steps it stays far below 1 % of training time (see README, "Mask Tracker cost").
 DEFAULT_VERIFY_EVERY = 100

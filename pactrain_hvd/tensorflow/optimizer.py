@@ -37,6 +37,7 @@ from pactrain_hvd.core import (
     TensorStats,
     should_pack,
 )
+from pactrain_hvd.core.config import DEFAULT_VERIFY_EVERY
 from pactrain_hvd.tensorflow.compression import UNMASKED, PacTrainCompressor
 from pactrain_hvd.tensorflow.pruning import Prunable, Pruner, backing_variable, select_prunable, variable_names
 
@@ -75,9 +76,9 @@ class PacTrainState(tf.train.experimental.PythonState):
 
     Takes Horovod's reduction arguments (``compression``, ``op``, ``gradient_predivide_factor``,
     ``groups``, ``sparse_as_dense``, ``process_set``, ``device_dense``, ``device_sparse``,
-    ``scale_local_gradients``) and
-    PacTrain's (``sparsity``, ``begin_step``, ``end_step``, ``frequency``, ``prunable``,
-    ``ranking``, ``pack_min_numel``, ``pack_max_density``, ``verify_every``; see
+    ``scale_local_gradients``) and PacTrain's (``sparsity``, ``begin_step``, ``end_step``,
+    ``frequency``, ``prunable``: a predicate ``(name, variable) -> bool`` or glob patterns,
+    ``ranking``, ``pack_min_numel``, ``pack_max_density``, ``verify_every``; as in
     ``pactrain_hvd.torch.DistributedOptimizer``). ``optimizer``: whose slots (momentum, Adam
     moments) are zeroed at newly pruned coordinates when masks change.
 
@@ -116,7 +117,7 @@ class PacTrainState(tf.train.experimental.PythonState):
         ranking: str = "layer",
         pack_min_numel: int | None = None,
         pack_max_density: float | None = None,
-        verify_every: int = 0,
+        verify_every: int = DEFAULT_VERIFY_EVERY,
         optimizer: Any = None,
     ) -> None:
         # Everything is validated before the first collective call.
@@ -127,7 +128,8 @@ class PacTrainState(tf.train.experimental.PythonState):
             ranking=ranking, verify_every=verify_every, **plan_overrides,
         )
         if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
-            raise TypeError(f"compression must be a Horovod Compressor such as hvd.Compression.fp16, got {compression!r}")
+            raise TypeError(f"compression must be a Horovod Compressor such as hvd.Compression.fp16, "
+                            f"got {compression!r}")
         if op not in _SUPPORTED_OPS:
             raise ValueError(f"op={op!r} is not supported with packing: use hvd.Average, hvd.Sum, hvd.Min or hvd.Max "
                              "(Adasum is not)")
@@ -162,8 +164,7 @@ class PacTrainState(tf.train.experimental.PythonState):
         self._pending_restore: bytes | None = None
         with tf.init_scope():
             self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="pactrain_step")
-            first = _next_update_after(self.config.schedule, -1)
-            self._next_due = tf.Variable(_NEVER if first is None else first, dtype=tf.int64, trainable=False,
+            self._next_due = tf.Variable(self._next_maintenance_after(-1), dtype=tf.int64, trainable=False,
                                          name="pactrain_next_maintenance")
             self._sent_bytes = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False,
                                            name="pactrain_sent_bytes")
@@ -215,6 +216,7 @@ class PacTrainState(tf.train.experimental.PythonState):
         self._local.add(backing_variable(variable).ref())
 
     # -- binding to variables -------------------------------------------------------------------
+    @tf.autograph.experimental.do_not_convert
     def bind(self, variables: Sequence[Any]) -> tuple[int, ...]:
         """Register variables (idempotent); returns their positions. Safe inside ``tf.function``."""
         backing = [backing_variable(v) for v in variables]
@@ -274,10 +276,14 @@ class PacTrainState(tf.train.experimental.PythonState):
         elif self._verify_pending or (cfg.verify_every and step % cfg.verify_every == 0):
             self._pruner.verify()
         self._verify_pending = False
-        following = [s for s in (_next_update_after(cfg.schedule, step),) if s is not None]
-        if cfg.verify_every:
-            following.append((step // cfg.verify_every + 1) * cfg.verify_every)
-        self._next_due.assign(min(following, default=_NEVER))
+        self._next_due.assign(self._next_maintenance_after(step))
+
+    def _next_maintenance_after(self, step: int) -> int:
+        """The next step that needs ``_maintain``: a schedule update or a periodic verification."""
+        following = [s for s in (_next_update_after(self.config.schedule, step),) if s is not None]
+        if self.config.verify_every:
+            following.append((step // self.config.verify_every + 1) * self.config.verify_every)
+        return min(following, default=_NEVER)
 
     def _maintain_in_graph(self, step: tf.Tensor) -> tf.Tensor:
         """The ``py_function`` body. TF re-raises a Python error from here as ``tf.errors.UnknownError``
@@ -286,6 +292,7 @@ class PacTrainState(tf.train.experimental.PythonState):
         return step
 
     # -- the reduction ----------------------------------------------------------------------------
+    @tf.autograph.experimental.do_not_convert
     def reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
         """All-reduce ``grads`` of ``variables`` (pruned ones packed) and advance the schedule one step.
 
@@ -336,6 +343,8 @@ class PacTrainState(tf.train.experimental.PythonState):
         """Compress, reduce (grouped as Horovod would), decompress; also the bytes each tensor put on the wire."""
         sent: list[tf.Tensor] = [tf.constant(-1, tf.int64)] * len(self._names)
         reduced: list[Any] = list(grads)
+        if not self.process_set.included():
+            return reduced, sent  # as Horovod: ranks outside the process set keep their gradients
         dense: list[tuple[int, tf.Tensor, Compressor]] = []
         for index, (grad, position) in enumerate(zip(grads, positions)):
             if grad is None:
@@ -352,8 +361,6 @@ class PacTrainState(tf.train.experimental.PythonState):
                     continue
                 grad = tf.convert_to_tensor(grad)
             dense.append((index, grad, compressor))
-        if not self.process_set.included():
-            return reduced, sent
         with tf.device(self.device_dense):
             wires, contexts = [], []
             for index, grad, compressor in dense:
@@ -403,9 +410,10 @@ class PacTrainState(tf.train.experimental.PythonState):
         """Unpruned sparse gradients travel as Horovod sends them: values and indices allgathered."""
         with tf.device(self.device_sparse):
             reduced = hvd.allreduce(grad, op=self.op, compression=self.compression, process_set=self.process_set)
-        sent = tf.size(grad.values, tf.int64) * grad.values.dtype.size + tf.size(grad.indices, tf.int64) * grad.indices.dtype.size
+        sent = sum(tf.size(part, tf.int64) * part.dtype.size for part in (grad.values, grad.indices))
         return reduced, sent
 
+    @tf.autograph.experimental.do_not_convert
     def enforce(self, variables: Iterable[Any]) -> None:
         """Pruned weights become exactly 0 (+0.0) whatever the optimizer did; graph-safe, skipped while unmasked."""
         for variable in variables:
@@ -536,6 +544,10 @@ class DistributedGradientTape:
                             scale_local_gradients=scale_local_gradients)
         if state is None:
             state = PacTrainState(**horovod_args, **pactrain)
+            if state.config.sparsity > 0 and tf.executing_eagerly():
+                warnings.warn("pt.DistributedGradientTape made a new PacTrainState: its schedule starts at step 0. "
+                              "Keep it across steps with state=tape.pactrain_state (or a PacTrainState you made).",
+                              stacklevel=2)
         elif not isinstance(state, PacTrainState):
             raise TypeError(f"state must be a PacTrainState, got {type(state).__name__}")
         else:
@@ -568,6 +580,7 @@ class DistributedGradientTape:
     def stats(self) -> dict:
         return self.pactrain_state.stats()
 
+    @tf.autograph.experimental.do_not_convert
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE) -> Any:
         gradients = self._tape.gradient(target, sources, output_gradients=output_gradients,

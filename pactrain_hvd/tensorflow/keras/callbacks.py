@@ -63,3 +63,25 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
         if not self._first_batch_done:
             self._first_batch_done = True
             self._broadcast(_optimizer_variables(self.model.optimizer))
+
+
+class MetricAverageCallback(tf.keras.callbacks.Callback):
+    """Average the epoch's metrics over ranks (as Horovod's, which Keras 3 cannot run).
+
+    Example::
+
+        >>> model.fit(x, y, callbacks=[ptk.callbacks.BroadcastGlobalVariablesCallback(0),
+        ...                            ptk.callbacks.MetricAverageCallback()])
+    """
+
+    def __init__(self, device: str = "") -> None:
+        super().__init__()
+        self.device = device
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if not logs:
+            return
+        with tf.device(self.device):
+            for metric in sorted(logs):  # the same order on every rank
+                value = tf.constant(float(logs[metric]), tf.float64)
+                logs[metric] = float(hvd.allreduce(value, op=hvd.Average, name=f"pactrain.metric.{metric}"))

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 from horovod.tensorflow.compression import Compression, Compressor
 
+from pactrain_hvd.core.config import DEFAULT_VERIFY_EVERY
 from pactrain_hvd.tensorflow.optimizer import PacTrainState
 from pactrain_hvd.tensorflow.pruning import Prunable
 
@@ -63,6 +64,7 @@ class _PacTrainOptimizer:
 
 
 class _Keras3Apply(_PacTrainOptimizer):
+    @tf.autograph.experimental.do_not_convert
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
         if len(grads) == 0 or (trainable_variables is None and not self.built):
             return super().apply(grads, trainable_variables)  # Keras' own no-op or error
@@ -77,6 +79,7 @@ class _Keras3Apply(_PacTrainOptimizer):
 
 
 class _TfKerasApply(_PacTrainOptimizer):
+    @tf.autograph.experimental.do_not_convert
     def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
         grads_and_vars = list(grads_and_vars)
         base_apply_gradients = super().apply_gradients
@@ -89,6 +92,30 @@ class _TfKerasApply(_PacTrainOptimizer):
 
 def _is_keras3_optimizer(optimizer_class: type) -> bool:
     return hasattr(optimizer_class, "stateless_apply")
+
+
+@functools.cache
+def _keras_file_entry_class() -> type:
+    """Keras 3 writes every ``KerasSaveable`` attribute of the optimizer into ``.keras`` and
+    ``.weights.h5`` files: this one carries masks and schedule position there, under
+    ``optimizer/pactrain``. A plain Keras optimizer loading such a file never visits it."""
+    from keras.src.saving.keras_saveable import KerasSaveable  # Keras 3's (private) saving protocol
+
+    class PacTrainFileEntry(KerasSaveable):
+        def __init__(self, state: PacTrainState) -> None:
+            self._state = state
+
+        def _obj_type(self) -> str:
+            return "Optimizer"  # one of the kinds Keras accepts; it only selects attributes not to walk
+
+        def save_own_variables(self, store: Any) -> None:
+            store["state"] = np.frombuffer(self._state.serialize(), dtype=np.uint8)
+
+        def load_own_variables(self, store: Any) -> None:
+            if "state" in store.keys():
+                self._state.deserialize(np.asarray(store["state"]).tobytes())
+
+    return PacTrainFileEntry
 
 
 @functools.cache
@@ -122,7 +149,7 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
     ranking: str = "layer",
     pack_min_numel: int | None = None,
     pack_max_density: float | None = None,
-    verify_every: int = 0,
+    verify_every: int = DEFAULT_VERIFY_EVERY,
 ) -> Any:
     """Drop-in replacement for ``horovod.tensorflow.keras.DistributedOptimizer`` that prunes and packs.
 
@@ -134,7 +161,8 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
     tape). Like Horovod's, it is rebuilt from ``optimizer.get_config()``: wrap before training.
 
     Use ``pactrain_hvd.tensorflow.keras.callbacks.BroadcastGlobalVariablesCallback``: it makes
-    every rank start from the same weights (masks are computed from them) and masks.
+    every rank start from the same weights (masks are computed from them) and masks. Horovod's
+    ops have no XLA kernels: on GPUs compile with ``jit_compile=False`` (Keras 3 defaults to XLA).
 
     Example::
 
@@ -170,5 +198,7 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
         config["name"] = name
     distributed = _distributed_class(optimizer_class).from_config(config)
     distributed.pactrain_state = state  # tracked: tf.train.Checkpoint(optimizer=...) saves masks and step
+    if _is_keras3_optimizer(optimizer_class):
+        distributed.pactrain = _keras_file_entry_class()(state)  # and so do model.save / save_weights
     state.optimizer = distributed
     return distributed
