@@ -3,8 +3,8 @@
 from pactrain_hvd.core.accounting import StepStats, TensorStats, ring_allreduce_bytes
 from pactrain_hvd.core.config import PacTrainConfig
 from pactrain_hvd.core.errors import CheckpointError, MaskMismatchError
-from pactrain_hvd.core.fingerprint import describe_mismatches, mask_fingerprint
-from pactrain_hvd.core.masks import magnitude_masks, num_to_keep, validate_mask
+from pactrain_hvd.core.fingerprint import check_fingerprints, describe_mismatches, fingerprint_table, mask_fingerprint
+from pactrain_hvd.core.masks import magnitude_masks, num_to_keep, prunable_predicate, validate_mask
 from pactrain_hvd.core.plan import should_pack
 from pactrain_hvd.core.schedule import PolynomialSchedule
 
@@ -15,10 +15,13 @@ __all__ = [
     "PolynomialSchedule",
     "StepStats",
     "TensorStats",
+    "check_fingerprints",
     "describe_mismatches",
+    "fingerprint_table",
     "magnitude_masks",
     "mask_fingerprint",
     "num_to_keep",
+    "prunable_predicate",
     "ring_allreduce_bytes",
     "should_pack",
     "validate_mask",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
+
+from pactrain_hvd.core.errors import MaskMismatchError
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
@@ -37,3 +39,17 @@ def describe_mismatches(names: Sequence[str], gathered: np.ndarray) -> list[str]
             counts = ", ".join(f"rank {r}: {fp[0]} kept" for r, fp in enumerate(per_rank))
             problems.append(f"{name!r}: ranks {odd} differ from rank 0 ({counts})")
     return problems
+
+
+def fingerprint_table(masks: Mapping[str, np.ndarray]) -> tuple[list[str], np.ndarray]:
+    """Sorted names and their fingerprints, shape (len(names), 2); one dummy row when empty."""
+    names = sorted(masks)
+    rows = [mask_fingerprint(masks[name]) for name in names] or [(0, 0)]
+    return names, np.array(rows, dtype=np.int64)
+
+
+def check_fingerprints(names: Sequence[str], gathered: np.ndarray, world_size: int, hint: str) -> None:
+    """Raise ``MaskMismatchError`` (on every rank: all see the same ``gathered``) on disagreement."""
+    problems = describe_mismatches(names, np.asarray(gathered).reshape(world_size, -1, 2))
+    if problems:
+        raise MaskMismatchError("pruning masks differ across ranks: " + "; ".join(problems) + ". " + hint)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import fnmatch
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -73,3 +75,16 @@ def validate_mask(name: str, mask: np.ndarray, shape: tuple[int, ...]) -> np.nda
     if mask.size and not mask.any():
         raise ValueError(f"mask for {name!r} is all zeros: the layer would never be updated")
     return mask
+
+
+def prunable_predicate(prunable: Callable[[str, Any], bool] | Iterable[str] | None,
+                       default: Callable[[str, Any], bool]) -> Callable[[str, Any], bool]:
+    """``prunable`` as a predicate ``(name, tensor) -> bool``: itself, glob patterns on names, or ``default``."""
+    if prunable is None:
+        return default
+    if callable(prunable):
+        return prunable
+    if isinstance(prunable, str):
+        raise TypeError("prunable must be a predicate or a list of name patterns, not a single string")
+    patterns = list(prunable)
+    return lambda name, _: any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)

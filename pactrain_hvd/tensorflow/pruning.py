@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -11,11 +10,11 @@ import numpy as np
 import tensorflow as tf
 
 from pactrain_hvd.core import (
-    MaskMismatchError,
     PolynomialSchedule,
-    describe_mismatches,
+    check_fingerprints,
+    fingerprint_table,
     magnitude_masks,
-    mask_fingerprint,
+    prunable_predicate,
     validate_mask,
 )
 
@@ -51,15 +50,7 @@ def default_prunable(name: str, variable: tf.Variable) -> bool:
 
 def select_prunable(named_variables: Mapping[str, tf.Variable], prunable: Prunable) -> list[str]:
     """Names to prune: by predicate ``(name, variable) -> bool`` or by glob patterns on names."""
-    if prunable is None:
-        predicate = default_prunable
-    elif callable(prunable):
-        predicate = prunable
-    elif isinstance(prunable, str):
-        raise TypeError("prunable must be a predicate or a list of name patterns, not a single string")
-    else:
-        patterns = list(prunable)
-        predicate = lambda name, _: any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)  # noqa: E731
+    predicate = prunable_predicate(prunable, default_prunable)
     return [name for name, v in named_variables.items() if v.trainable and predicate(name, v)]
 
 
@@ -150,16 +141,11 @@ class Pruner:
     def verify(self, masks: Mapping[str, np.ndarray] | None = None) -> None:
         """Mask Tracker: allgather (count, hash) per tensor; raise on any disagreement."""
         masks = self.masks if masks is None else masks
-        names = sorted(masks)
-        local = np.array([mask_fingerprint(masks[name]) for name in names] or [[0, 0]], dtype=np.int64)
+        names, local = fingerprint_table(masks)
         gathered = hvd.allgather(tf.constant(local), name="pactrain.mask_fingerprints", process_set=self.process_set)
-        problems = describe_mismatches(names, gathered.numpy().reshape(self.process_set.size(), -1, 2))
-        if problems:
-            raise MaskMismatchError(
-                "pruning masks differ across ranks: " + "; ".join(problems)
-                + ". Masks are computed from the weights: broadcast the variables from one rank before the first "
-                "step, and after loading a checkpoint on one rank call pactrain_hvd.tensorflow.broadcast_masks."
-            )
+        check_fingerprints(names, gathered.numpy(), self.process_set.size(),
+                           "Masks are computed from the weights: broadcast the variables from one rank before the first "
+                           "step, and after loading a checkpoint on one rank call pactrain_hvd.tensorflow.broadcast_masks.")
 
     def clear_optimizer_slots(self, optimizer: Any) -> None:
         """Zero momentum / Adam moments at pruned coordinates so nothing revives them.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Callable, Iterable, Mapping
 
 import horovod.torch as hvd
@@ -10,11 +9,11 @@ import numpy as np
 import torch
 
 from pactrain_hvd.core import (
-    MaskMismatchError,
     PolynomialSchedule,
-    describe_mismatches,
+    check_fingerprints,
+    fingerprint_table,
     magnitude_masks,
-    mask_fingerprint,
+    prunable_predicate,
     validate_mask,
 )
 
@@ -28,15 +27,7 @@ def default_prunable(name: str, param: torch.Tensor) -> bool:
 
 def select_prunable(named_parameters: Mapping[str, torch.Tensor], prunable: Prunable) -> list[str]:
     """Names to prune: by predicate ``(name, param) -> bool`` or by glob patterns on names."""
-    if prunable is None:
-        predicate = default_prunable
-    elif callable(prunable):
-        predicate = prunable
-    elif isinstance(prunable, str):
-        raise TypeError("prunable must be a predicate or a list of name patterns, not a single string")
-    else:
-        patterns = list(prunable)
-        predicate = lambda name, _: any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)  # noqa: E731
+    predicate = prunable_predicate(prunable, default_prunable)
     return [name for name, param in named_parameters.items() if param.requires_grad and predicate(name, param)]
 
 
@@ -90,17 +81,10 @@ class Pruner:
         """Mask Tracker: allgather (count, hash) per tensor; raise on any disagreement."""
         if masks is None:
             masks = {name: mask.cpu().numpy() for name, mask in self.masks.items()}
-        names = sorted(masks)
-        local = torch.tensor([mask_fingerprint(masks[name]) for name in names] or [[0, 0]], dtype=torch.int64)
-        ranks = self.process_set.size()
-        gathered = hvd.allgather(local, name="pactrain.mask_fingerprints", process_set=self.process_set)
-        gathered = gathered.reshape(ranks, -1, 2).numpy()
-        problems = describe_mismatches(names, gathered)
-        if problems:
-            raise MaskMismatchError(
-                "pruning masks differ across ranks: " + "; ".join(problems)
-                + ". After loading a checkpoint on one rank, call pactrain_hvd broadcast_masks(optimizer, root_rank=0)."
-            )
+        names, local = fingerprint_table(masks)
+        gathered = hvd.allgather(torch.from_numpy(local), name="pactrain.mask_fingerprints", process_set=self.process_set)
+        check_fingerprints(names, gathered.numpy(), self.process_set.size(),
+                           "After loading a checkpoint on one rank, call pactrain_hvd broadcast_masks(optimizer, root_rank=0).")
 
     @torch.no_grad()
     def apply_to_weights(self) -> None:
