@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
-import types
 from pathlib import Path
 
 import horovod.torch as hvd
@@ -30,8 +28,8 @@ from torch import nn
 from tqdm import tqdm
 
 import pactrain_hvd.torch as pt
-from pactrain_hvd.core import ring_allreduce_bytes
 from pactrain_hvd.data import CharVocab, load_bible_text, random_windows, sequential_windows, split_tokens
+from pactrain_hvd.torch.reporting import WireTally, global_sum, log_step, pruning_steps, tensorboard_writer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -126,66 +124,6 @@ class CharGPT(nn.Module):
 
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction)
-
-
-# -- schedule and reporting ---------------------------------------------------------------------
-def pruning_steps(args: argparse.Namespace, total_steps: int) -> tuple[int, int, int]:
-    """(begin, end, frequency): explicit flags, else prune from 10 % to 60 % of the run in ten updates."""
-    begin = args.prune_begin if args.prune_begin is not None else total_steps // 10
-    end = args.prune_end if args.prune_end is not None else max(begin, (total_steps * 6) // 10)
-    frequency = args.prune_frequency if args.prune_frequency is not None else max(1, (end - begin) // 10)
-    return begin, end, frequency
-
-
-def tensorboard_writer(logdir: str):
-    """A SummaryWriter on rank 0 (None elsewhere, or with no logdir).
-
-    TensorBoard imports TensorFlow when it can, which costs seconds and memory in a PyTorch
-    script; the ``notf`` marker module makes it use its own file writer instead.
-    """
-    if hvd.rank() != 0 or not logdir:
-        return None
-    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
-    from torch.utils.tensorboard import SummaryWriter
-
-    return SummaryWriter(logdir)
-
-
-def global_sum(values: list[float], name: str) -> list[float]:
-    """Sum of each value over all workers."""
-    return hvd.allreduce(torch.tensor(values, dtype=torch.float64), op=hvd.Sum, name=name).tolist()
-
-
-class WireTally:
-    """Bytes each worker handed to the all-reduce, summed over the steps of a run or an epoch."""
-
-    def __init__(self) -> None:
-        self.steps = self.sent_bytes = self.dense_bytes = 0
-
-    def add(self, stats: dict) -> None:
-        self.steps += 1
-        self.sent_bytes += stats["sent_bytes"]
-        self.dense_bytes += stats["dense_bytes"]
-
-    def as_dict(self, world_size: int) -> dict:
-        return {
-            "steps": self.steps,
-            "sent_bytes": self.sent_bytes,
-            "dense_bytes": self.dense_bytes,
-            "compression_ratio": self.dense_bytes / self.sent_bytes if self.sent_bytes else 1.0,
-            "ring_bytes_per_worker": ring_allreduce_bytes(self.sent_bytes, world_size),
-        }
-
-
-def log_step(writer, step: int, loss: float, accuracy: float, stats: dict) -> None:
-    writer.add_scalar("train/loss", loss, step)
-    writer.add_scalar("train/accuracy", accuracy, step)
-    writer.add_scalar("pactrain/sparsity", stats["sparsity"], step)
-    writer.add_scalar("wire/sent_bytes_per_step", stats["sent_bytes"], step)
-    writer.add_scalar("wire/dense_bytes_per_step", stats["dense_bytes"], step)
-    ring_bytes = ring_allreduce_bytes(stats["sent_bytes"], hvd.size())
-    writer.add_scalar("wire/ring_bytes_per_worker_per_step", ring_bytes, step)
-    writer.add_scalar("wire/compression_ratio", stats["compression_ratio"], step)
 
 
 # -- train and evaluate -------------------------------------------------------------------------

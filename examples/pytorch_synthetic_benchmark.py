@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-import types
 from pathlib import Path
 
 import horovod.torch as hvd
@@ -29,6 +27,7 @@ from tqdm import tqdm
 
 import pactrain_hvd.torch as pt
 from pactrain_hvd.core import ring_allreduce_bytes
+from pactrain_hvd.torch.reporting import log_wire, tensorboard_writer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -159,28 +158,9 @@ def log(message: str) -> None:
         print(message, flush=True)
 
 
-def tensorboard_writer(logdir: str):
-    """A SummaryWriter on rank 0 (None elsewhere, or with no logdir).
-
-    TensorBoard imports TensorFlow when it can, which costs seconds and memory in a PyTorch
-    script; the ``notf`` marker module makes it use its own file writer instead.
-    """
-    if hvd.rank() != 0 or not logdir:
-        return None
-    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
-    from torch.utils.tensorboard import SummaryWriter
-
-    return SummaryWriter(logdir)
-
-
 def log_iteration(writer, iteration: int, img_sec: float, stats: dict) -> None:
     writer.add_scalar("benchmark/img_per_sec_per_worker", img_sec, iteration)
-    writer.add_scalar("pactrain/sparsity", stats["sparsity"], iteration)
-    writer.add_scalar("wire/sent_bytes_per_step", stats["sent_bytes"], iteration)
-    writer.add_scalar("wire/dense_bytes_per_step", stats["dense_bytes"], iteration)
-    ring_bytes = ring_allreduce_bytes(stats["sent_bytes"], hvd.size())
-    writer.add_scalar("wire/ring_bytes_per_worker_per_step", ring_bytes, iteration)
-    writer.add_scalar("wire/compression_ratio", stats["compression_ratio"], iteration)
+    log_wire(writer, iteration, stats)
 
 
 def main(argv: list[str] | None = None) -> dict:
