@@ -1,10 +1,15 @@
 """Pack + unpack cost against a training step (PyTorch), one process, no communication.
 
     python -m pactrain_hvd.bench.micro_pack --model resnet18 --batch-size 32 --sparsity 0.9
+    python -m pactrain_hvd.bench.micro_pack --plan-sweep --gbits 1
 
-Times, over the same repeats, a full step (forward, backward, SGD update) and the packing
-PacTrain adds to it (gather of surviving values + scatter back, for every pruned tensor),
-and prints medians and their ratio.
+Default mode times, over the same repeats, a full step (forward, backward, SGD update) and
+the packing PacTrain adds to it (gather of surviving values + scatter back, for every pruned
+tensor), and prints medians and their ratio.
+
+``--plan-sweep`` backs the adaptive plan's defaults: for tensor sizes and densities it
+prints pack+unpack time against the ideal 2-worker ring all-reduce time the packing saves
+on a link of ``--gbits``; packing pays where the saving is larger.
 """
 
 from __future__ import annotations
@@ -31,13 +36,36 @@ def median_seconds(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def plan_sweep(gbits: float, repeats: int) -> None:
+    print(f"{'numel':>9} {'density':>7} {'pack_us':>9} {'saved_us':>9} pays")
+    for numel in (256, 1024, 4096, 16384, 262144, 2359296):
+        grad = torch.randn(numel)
+        for density in (0.1, 0.5, 0.75, 0.9):
+            mask = torch.rand(numel) < density
+            compressor = PacTrainCompressor(mask)
+
+            def pack_unpack(compressor=compressor, grad=grad) -> None:
+                wire, ctx = compressor.compress(grad)
+                compressor.decompress(wire, ctx)
+
+            pack_s = median_seconds(pack_unpack, repeats)
+            # ring all-reduce, 2 workers: each worker sends 2 (N-1)/N = 1 copy of the fp32 buffer
+            saved_s = (numel - int(mask.sum())) * 4 * 8 / (gbits * 1e9)
+            print(f"{numel:>9} {density:>7.2f} {pack_s * 1e6:>9.1f} {saved_s * 1e6:>9.1f} {'yes' if saved_s > pack_s else 'no'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--sparsity", type=float, default=0.9)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--plan-sweep", action="store_true", help="time packing per tensor size and density instead")
+    parser.add_argument("--gbits", type=float, default=1.0, help="link rate for --plan-sweep, Gbit/s")
     args = parser.parse_args()
+    if args.plan_sweep:
+        plan_sweep(args.gbits, max(args.repeats, 50))
+        return
 
     torch.manual_seed(0)
     model = build(args.model)
