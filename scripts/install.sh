@@ -12,6 +12,9 @@ HOROVOD_VERSION="${HOROVOD_VERSION:-0.28.1}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 TF_VERSION="${TF_VERSION:-2.16.2}"
 TF_KERAS_SPEC="${TF_KERAS_SPEC:-tf-keras~=${TF_VERSION%.*}.0}"
+# tfmot (bring your own mask from prune_low_magnitude; tf-keras 2 only). 0.8.0 pins absl-py<2 and
+# needs dm-tree; it runs on TF 2.16 + tf-keras 2.16. 0.8.1 adds scipy and mock for nothing we use.
+TFMOT_VERSION="${TFMOT_VERSION:-0.8.0}"
 CACHE_DIR="${PACTRAIN_CACHE:-$HOME/.cache/pactrain_hvd}"
 APT_PACKAGES=(openmpi-bin libopenmpi-dev build-essential cmake git iproute2 dataset-fashion-mnist)
 
@@ -46,7 +49,7 @@ pip_install() { "$VENV/bin/pip" install -q --disable-pip-version-check "$@"; }
 install_frameworks() {
   # numpy<2: TF 2.16 is built against the numpy 1 ABI.
   local requirements=("torch==$TORCH_VERSION" "tensorflow-cpu==$TF_VERSION" "$TF_KERAS_SPEC" "numpy<2"
-                      mpi4py cloudpickle psutil pyyaml packaging)
+                      "tensorflow-model-optimization==$TFMOT_VERSION" mpi4py cloudpickle psutil pyyaml packaging)
   local stamp="$VENV/.pactrain-frameworks"
   if [ "$(cat "$stamp" 2>/dev/null)" = "${requirements[*]}" ] && "$VENV/bin/python" -c "import torch, tensorflow" 2>/dev/null; then
     log "frameworks present: ${requirements[*]:0:3}"

@@ -1,7 +1,8 @@
 """Method names of the benchmark and what they mean (no Horovod import: the harness parses them too).
 
 ``dense``, ``fp16``, ``topk`` (``topk-0.001``: density), ``powersgd`` (``powersgd-r8``: rank),
-``pactrain-0.9`` (fp32 values), ``pactrain-0.9-fp16``.
+``pactrain-0.9`` (fp32 values), ``pactrain-0.9-fp16``, ``pactrain-0.9-ternary`` (shared-scale ternary
+codes in int32 lanes, ``values="ternary"``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class MethodSpec:
     kind: str  # dense | fp16 | topk | powersgd | pactrain
     sparsity: float = 0.0
     fp16_values: bool = False
+    ternary_values: bool = False
     density: float = TOPK_DENSITY
     rank: int = POWERSGD_RANK
 
@@ -42,7 +44,8 @@ def parse_method(name: str) -> MethodSpec:
         if rank < 1:
             raise ValueError(f"method {name!r}: PowerSGD rank must be >= 1")
         return MethodSpec(name, "powersgd", rank=rank)
-    if match := re.fullmatch(r"pactrain-(0?\.\d+)(-fp16)?", name):
-        return MethodSpec(name, "pactrain", sparsity=float(match.group(1)), fp16_values=bool(match.group(2)))
+    if match := re.fullmatch(r"pactrain-(0?\.\d+)(-fp16|-ternary)?", name):
+        return MethodSpec(name, "pactrain", sparsity=float(match.group(1)), fp16_values=match.group(2) == "-fp16",
+                          ternary_values=match.group(2) == "-ternary")
     raise ValueError(f"unknown method {name!r}: use dense, fp16, topk[-DENSITY], powersgd[-rRANK], "
-                     "pactrain-SPARSITY[-fp16]")
+                     "pactrain-SPARSITY[-fp16|-ternary]")

@@ -68,7 +68,8 @@ def make_distributed_optimizer(spec: MethodSpec, optimizer: torch.optim.Optimize
         compression = hvd.Compression.fp16 if spec.fp16_values else hvd.Compression.none
         # One-shot pruning at step 0 (end_step=0): the benchmark measures the steady state.
         return pt.DistributedOptimizer(optimizer, named_parameters=named, compression=compression,
-                                       sparsity=spec.sparsity, begin_step=0, end_step=0, frequency=100)
+                                       sparsity=spec.sparsity, begin_step=0, end_step=0, frequency=100,
+                                       values="ternary" if spec.ternary_values else "fp32")
     raise ValueError(f"no distributed optimizer for method kind {spec.kind!r}")
 
 

@@ -2,10 +2,11 @@
 
 from pactrain_hvd.core.accounting import StepStats, TensorStats, ring_allreduce_bytes
 from pactrain_hvd.core.config import PacTrainConfig
-from pactrain_hvd.core.errors import CheckpointError, MaskMismatchError
+from pactrain_hvd.core.errors import CheckpointError, MaskMismatchError, WorldSizeChangedWarning
 from pactrain_hvd.core.fingerprint import check_fingerprints, describe_mismatches, fingerprint_table, mask_fingerprint
 from pactrain_hvd.core.masks import magnitude_masks, num_to_keep, prunable_predicate, validate_mask
 from pactrain_hvd.core.plan import should_pack
+from pactrain_hvd.core.resume import check_saved_world_size
 from pactrain_hvd.core.schedule import PolynomialSchedule
 
 __all__ = [
@@ -15,7 +16,9 @@ __all__ = [
     "PolynomialSchedule",
     "StepStats",
     "TensorStats",
+    "WorldSizeChangedWarning",
     "check_fingerprints",
+    "check_saved_world_size",
     "describe_mismatches",
     "fingerprint_table",
     "magnitude_masks",

@@ -22,6 +22,11 @@ class TensorStats:
     def density(self) -> float:
         return self.kept / self.numel if self.numel else 1.0
 
+    @property
+    def bits_per_value(self) -> float:
+        """Wire bits per surviving value (scales and lane padding included)."""
+        return 8.0 * self.sent_bytes / self.kept if self.kept else 0.0
+
 
 @dataclass
 class StepStats:
@@ -42,11 +47,20 @@ class StepStats:
     def compression_ratio(self) -> float:
         return self.dense_bytes / self.sent_bytes if self.sent_bytes else 1.0
 
+    @property
+    def bits_per_value(self) -> float:
+        """Wire bits per surviving value of the packed tensors (0 when none is packed)."""
+        packed = [t for t in self.tensors.values() if t.packed]
+        kept = sum(t.kept for t in packed)
+        return 8.0 * sum(t.sent_bytes for t in packed) / kept if kept else 0.0
+
     def as_dict(self) -> dict:
         return {
             "step": self.step,
             "sent_bytes": self.sent_bytes,
             "dense_bytes": self.dense_bytes,
             "compression_ratio": self.compression_ratio,
-            "tensors": {name: dict(asdict(t), density=t.density) for name, t in self.tensors.items()},
+            "bits_per_value": self.bits_per_value,
+            "tensors": {name: dict(asdict(t), density=t.density, bits_per_value=t.bits_per_value)
+                        for name, t in self.tensors.items()},
         }

@@ -8,7 +8,7 @@ from pactrain_hvd.core.plan import DEFAULT_MAX_DENSITY, DEFAULT_MIN_NUMEL
 from pactrain_hvd.core.schedule import PolynomialSchedule
 
 # Re-proving masks costs one small allgather plus a hash of the surviving positions; every
-# 100 steps it stays far below 1 % of training time (see README, "Mask Tracker cost").
+# 100 steps it stays far below 1 % of training time (README, "What packing costs", "Mask Tracker": 0.01 % on ResNet-18).
 DEFAULT_VERIFY_EVERY = 100
 
 
@@ -30,6 +30,12 @@ class PacTrainConfig:
             raise ValueError(f"sparsity must be in [0, 1), got {self.sparsity!r}")
         if self.ranking not in ("layer", "global"):
             raise ValueError(f"ranking must be 'layer' or 'global', got {self.ranking!r}")
+        for name in ("pack_min_numel", "verify_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+        if isinstance(self.pack_max_density, bool) or not isinstance(self.pack_max_density, (int, float)):
+            raise TypeError(f"pack_max_density must be a number in (0, 1], got {self.pack_max_density!r}")
         if not 0.0 < self.pack_max_density <= 1.0:
             raise ValueError(f"pack_max_density must be in (0, 1], got {self.pack_max_density!r}")
         if self.pack_min_numel < 0:

@@ -7,3 +7,7 @@ class MaskMismatchError(RuntimeError):
 
 class CheckpointError(ValueError):
     """A PacTrain checkpoint does not fit the model or optimizer it is loaded into."""
+
+
+class WorldSizeChangedWarning(UserWarning):
+    """A checkpoint saved under one world size is loaded under another (legitimate, e.g. Horovod elastic)."""

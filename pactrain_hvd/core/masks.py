@@ -24,6 +24,11 @@ def _scores(weight: np.ndarray, previous: np.ndarray | None) -> np.ndarray:
     return scores
 
 
+def _keep(scores: np.ndarray, sparsity: float) -> int:
+    """``num_to_keep``, but never more than survive already: a lower target revives nothing."""
+    return min(num_to_keep(scores.size, sparsity), int((scores >= 0).sum()))
+
+
 def _top_mask(scores: np.ndarray, keep: int) -> np.ndarray:
     mask = np.zeros(scores.shape, dtype=bool)
     if keep >= scores.size:
@@ -50,11 +55,11 @@ def magnitude_masks(
     previous = previous or {}
     scores = {name: _scores(np.asarray(w), previous.get(name)) for name, w in weights.items()}
     if ranking == "layer":
-        flat = {name: _top_mask(s, num_to_keep(s.size, sparsity)) for name, s in scores.items()}
+        flat = {name: _top_mask(s, _keep(s, sparsity)) for name, s in scores.items()}
     else:
         names = list(scores)
         joined = np.concatenate([scores[n] for n in names]) if names else np.zeros(0)
-        joined_mask = _top_mask(joined, num_to_keep(joined.size, sparsity))
+        joined_mask = _top_mask(joined, _keep(joined, sparsity))
         flat, offset = {}, 0
         for name in names:
             part = joined_mask[offset : offset + scores[name].size]

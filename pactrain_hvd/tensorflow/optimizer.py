@@ -35,13 +35,17 @@ from pactrain_hvd.core import (
     PolynomialSchedule,
     StepStats,
     TensorStats,
+    check_saved_world_size,
     should_pack,
 )
 from pactrain_hvd.core.config import DEFAULT_VERIFY_EVERY
+from pactrain_hvd.core.own_masks import schedule_sparsity
 from pactrain_hvd.tensorflow.compression import UNMASKED, PacTrainCompressor
+from pactrain_hvd.tensorflow.own_masks import PendingMasks, sync_tfmot_masks
 from pactrain_hvd.tensorflow.pruning import Prunable, Pruner, backing_variable, select_prunable, variable_names
 
 _SUPPORTED_OPS = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Min: "Min", hvd.Max: "Max"}
+_OTHER_OPS = {hvd.Adasum: "Adasum", hvd.Product: "Product"}
 _NEVER = np.iinfo(np.int64).max
 _HOROVOD_DEFAULTS = {"compression": Compression.none, "sparse_as_dense": False, "op": hvd.Average,
                      "gradient_predivide_factor": 1.0, "groups": None, "process_set": hvd.global_process_set,
@@ -80,7 +84,10 @@ class PacTrainState(tf.train.experimental.PythonState):
     ``frequency``, ``prunable``: a predicate ``(name, variable) -> bool`` or glob patterns,
     ``ranking``, ``pack_min_numel``, ``pack_max_density``, ``verify_every``; as in
     ``pactrain_hvd.torch.DistributedOptimizer``). ``optimizer``: whose slots (momentum, Adam
-    moments) are zeroed at newly pruned coordinates when masks change.
+    moments) are zeroed at newly pruned coordinates when masks change. ``masks``: bring your own
+    mask, ``{variable name: bool mask}`` or a model wrapped by tfmot's ``prune_low_magnitude``;
+    fixed (the schedule is off) unless ``continue_pruning=True`` (see ``core.own_masks``).
+    ``values``: only ``"fp32"`` here (``"fp16"``/``"ternary"`` are torch-only for now, ValueError).
 
     The state binds to the variables of its first ``reduce`` call (more may join later). It is a
     checkpointable object: put it in a ``tf.train.Checkpoint`` to save masks and schedule
@@ -119,20 +126,29 @@ class PacTrainState(tf.train.experimental.PythonState):
         pack_max_density: float | None = None,
         verify_every: int = DEFAULT_VERIFY_EVERY,
         optimizer: Any = None,
+        masks: dict[str, Any] | Any = None,
+        continue_pruning: bool = False,
+        values: str = "fp32",
     ) -> None:
         # Everything is validated before the first collective call.
+        if values != "fp32":
+            raise ValueError(f"values={values!r} is not supported by the TensorFlow frontend yet (only 'fp32': packed "
+                             "values travel as compression says); ternary lanes exist in pactrain_hvd.torch")
         plan_overrides = {k: v for k, v in (("pack_min_numel", pack_min_numel), ("pack_max_density", pack_max_density))
                           if v is not None}
         self.config = PacTrainConfig(
-            sparsity=sparsity, begin_step=begin_step, end_step=end_step, frequency=frequency,
-            ranking=ranking, verify_every=verify_every, **plan_overrides,
+            sparsity=schedule_sparsity(sparsity, masks is not None, continue_pruning), begin_step=begin_step,
+            end_step=end_step, frequency=frequency, ranking=ranking, verify_every=verify_every, **plan_overrides,
         )
+        self._own_masks = PendingMasks(masks) if masks is not None else None
+        self._tfmot_masks: dict[str, tf.Variable] = {}
         if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
             raise TypeError(f"compression must be a Horovod Compressor such as hvd.Compression.fp16, "
                             f"got {compression!r}")
         if op not in _SUPPORTED_OPS:
-            raise ValueError(f"op={op!r} is not supported with packing: use hvd.Average, hvd.Sum, hvd.Min or hvd.Max "
-                             "(Adasum is not)")
+            op_name = f"hvd.{_OTHER_OPS[op]}" if op in _OTHER_OPS else repr(op)
+            raise ValueError(f"op={op_name} is not supported with packing: use hvd.Average, hvd.Sum, hvd.Min or "
+                             "hvd.Max (Adasum is not)")
         if gradient_predivide_factor != 1.0 and op != hvd.Average:
             raise ValueError("gradient_predivide_factor not supported with op != Average")
         _validate_groups(groups)
@@ -204,6 +220,8 @@ class PacTrainState(tf.train.experimental.PythonState):
 
         Ranks are proven to agree before the next gradient is communicated.
         """
+        if not isinstance(masks, dict):
+            raise TypeError(f"masks must be a dict of variable name -> bool array, got {type(masks).__name__}")
         self._install(self._pruner.validate({name: np.asarray(mask) for name, mask in masks.items()}))
         self._mark_verify_pending()
 
@@ -234,7 +252,11 @@ class PacTrainState(tf.train.experimental.PythonState):
             raise ValueError(f"variables named {', '.join(clashes)} are already bound to this PacTrainState under the "
                              "same names: use one state per set of variables")
         named = dict(zip(names, (b for _, b in new)))
-        prunable = select_prunable(named, self.prunable)
+        own_masks = {}
+        if self._own_masks is not None:  # the first binding: names are known now
+            own_masks, self._tfmot_masks = self._own_masks.resolve(named)
+            self._own_masks = None
+        prunable = sorted(own_masks) if own_masks and self.prunable is None else select_prunable(named, self.prunable)
         for name, variable in named.items():
             self._positions[variable.ref()] = len(self._names)
             self._names.append(name)
@@ -243,6 +265,8 @@ class PacTrainState(tf.train.experimental.PythonState):
                 self._pruner.prunable_names.append(name)
                 self._compressors[name] = PacTrainCompressor(shape=variable.shape, value_compression=self.compression)
         self._sent_bytes.assign(-tf.ones([len(self._names)], tf.int64))
+        if own_masks:
+            self.set_masks(own_masks)  # proven equal on all ranks before the first all-reduce
         if self._pending_restore is not None:
             blob, self._pending_restore = self._pending_restore, None
             self._restore(*_parse_state(blob))
@@ -251,6 +275,7 @@ class PacTrainState(tf.train.experimental.PythonState):
     def _install(self, masks: dict[str, np.ndarray]) -> None:
         """New masks: zero pruned weights, rebuild the plan, clear optimizer slots (local only)."""
         self._pruner.install(masks)
+        sync_tfmot_masks(self._tfmot_masks, self._pruner.masks)
         cfg = self.config
         for name, compressor in self._compressors.items():
             mask = self._pruner.masks.get(name)
@@ -305,6 +330,7 @@ class PacTrainState(tf.train.experimental.PythonState):
         shared = [i for i, v in enumerate(variables) if backing_variable(v).ref() not in self._local]
         positions = self.bind([variables[i] for i in shared])
         shared_grads = [grads[i] for i in shared]
+        self._refuse_sparse_pruned(shared_grads, positions)
         if not tf.executing_eagerly():
             reduced = self._communicate(shared_grads, positions, maintain=True)
         else:
@@ -320,6 +346,16 @@ class PacTrainState(tf.train.experimental.PythonState):
             for i in local:
                 grads[i] = None if grads[i] is None else _scale(grads[i], 1.0 / size)
         return grads
+
+    def _refuse_sparse_pruned(self, grads: list[Any], positions: tuple[int, ...]) -> None:
+        """Before maintenance and communication: a prunable variable's gradient must be dense."""
+        if self.sparse_as_dense:
+            return
+        for grad, position in zip(grads, positions):
+            name = self._names[position]
+            if isinstance(grad, tf.IndexedSlices) and name in self._compressors:
+                raise ValueError(f"variable {name!r} has a sparse gradient (tf.IndexedSlices): pass "
+                                 "sparse_as_dense=True (packing needs dense gradients)")
 
     def _communicate(self, grads: list[Any], positions: tuple[int, ...], maintain: bool) -> list[Any]:
         self.traces += 1
@@ -354,9 +390,6 @@ class PacTrainState(tf.train.experimental.PythonState):
             self._dense_bytes[position] = self._pruner.variables[name].shape.num_elements() * grad.dtype.size
             if isinstance(grad, tf.IndexedSlices):
                 if not self.sparse_as_dense:
-                    if name in self._compressors:
-                        raise ValueError(f"variable {name!r} has a sparse gradient (tf.IndexedSlices): pass "
-                                         "sparse_as_dense=True (packing needs dense gradients)")
                     reduced[index], sent[position] = self._allgather_sparse(grad)
                     continue
                 grad = tf.convert_to_tensor(grad)
@@ -436,7 +469,8 @@ class PacTrainState(tf.train.experimental.PythonState):
             return self._pending_restore
         names = sorted(self._pruner.masks)
         buffer = io.BytesIO()
-        np.savez(buffer, step=np.int64(self.step_count), names=np.array(names, dtype=np.str_),
+        np.savez(buffer, step=np.int64(self.step_count), world_size=np.int64(self.process_set.size()),
+                 names=np.array(names, dtype=np.str_),
                  positions=np.array([self._names.index(name) for name in names], dtype=np.int64),
                  **{f"mask_{i}": self._pruner.masks[name] for i, name in enumerate(names)})
         return buffer.getvalue()
@@ -444,6 +478,7 @@ class PacTrainState(tf.train.experimental.PythonState):
     def deserialize(self, string_value: bytes) -> None:
         """Restore schedule position and masks; local, validated before anything changes."""
         step, saved = _parse_state(string_value)
+        check_saved_world_size(_saved_world_size(string_value), self.process_set.size())
         if not self._names:
             self._pending_restore = bytes(string_value)  # applied when the state binds to its variables
             self._step.assign(step)
@@ -476,6 +511,12 @@ def _parse_state(blob: bytes) -> tuple[int, list[tuple[int, str, np.ndarray]]]:
             return int(saved["step"]), entries
     except (OSError, KeyError, ValueError, EOFError) as error:
         raise CheckpointError(f"not a PacTrain state: {error}") from error
+
+
+def _saved_world_size(blob: bytes) -> int | None:
+    """The world size a ``PacTrainState.serialize`` blob was written under (None: written before it was recorded)."""
+    with np.load(io.BytesIO(blob), allow_pickle=False) as saved:
+        return int(saved["world_size"]) if "world_size" in saved.files else None
 
 
 def broadcast_masks(state: Any, root_rank: int = 0) -> None:

@@ -5,6 +5,7 @@ from horovod.torch.compression import Compression
 from pactrain_hvd.core import CheckpointError, MaskMismatchError
 from pactrain_hvd.torch.checkpoint import load_checkpoint, save_checkpoint
 from pactrain_hvd.torch.compression import PacTrainCompressor
+from pactrain_hvd.torch.elastic import PacTrainStateHandler  # registers itself with hvd.elastic.TorchState
 from pactrain_hvd.torch.optimizer import DistributedOptimizer, broadcast_masks
 from pactrain_hvd.torch.pruning import Pruner, default_prunable
 
@@ -14,6 +15,7 @@ __all__ = [
     "DistributedOptimizer",
     "MaskMismatchError",
     "PacTrainCompressor",
+    "PacTrainStateHandler",
     "Pruner",
     "broadcast_masks",
     "default_prunable",

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from horovod.torch.compression import Compression, Compressor
 
+from pactrain_hvd.core.lanes import LaneLayout
+from pactrain_hvd.torch.lanes import decode, encode
+
 # Horovod's torch all-reduce carries int32/int64/fp16/fp32/fp64, not bf16: bf16 gradients
 # travel as fp32 (or fp16 when stacked with Compression.fp16) and come back as bf16.
 _WIRE_DTYPE = {torch.bfloat16: torch.float32}
+
+
+class TernaryContext(NamedTuple):
+    scale: torch.Tensor  # agreed across ranks (MAX), fp32 scalar
+    count: int  # values in the words
+    divisor: float  # world size for an average, 1 for a sum
 
 
 class PacTrainCompressor(Compressor):
@@ -21,7 +30,9 @@ class PacTrainCompressor(Compressor):
     the compressed tensor's own storage (it holds only local values by then).
     ``packed=False``: the tensor travels whole, with pruned coordinates zeroed.
     ``mask=None``: the tensor is not pruned and travels as Horovod would send it.
-    Values are then handed to ``value_compression`` (``hvd.Compression.none`` or ``.fp16``).
+    Values are then handed to ``value_compression`` (``hvd.Compression.none`` or ``.fp16``), or,
+    with ``lanes`` (packed only), rounded to shared-scale ternary and lane-packed into int32 words
+    (``compress_ternary``; layout in ``pactrain_hvd.core.lanes``).
 
     Example::
 
@@ -30,12 +41,16 @@ class PacTrainCompressor(Compressor):
         >>> grad = compressor.decompress(hvd.allreduce(wire), ctx)
     """
 
-    def __init__(self, mask: torch.Tensor | None = None, value_compression: type[Compressor] = Compression.none, packed: bool = True) -> None:
+    def __init__(self, mask: torch.Tensor | None = None, value_compression: type[Compressor] = Compression.none,
+                 packed: bool = True, lanes: LaneLayout | None = None) -> None:
         if mask is not None and mask.dtype != torch.bool:
             raise TypeError(f"mask must be a bool tensor, got {mask.dtype}")
+        if lanes is not None and not (packed and mask is not None):
+            raise ValueError("lanes (ternary values) needs a mask and packed=True: only packed values are quantized")
         self.mask = mask
         self.packed = packed and mask is not None
         self.value_compression = value_compression
+        self.lanes = lanes
         self.pruned = None if mask is None else ~mask
         self.surviving_indices = mask.reshape(-1).nonzero().squeeze(1) if self.packed else None
 
@@ -44,7 +59,8 @@ class PacTrainCompressor(Compressor):
         """Surviving coordinates, or None for an unmasked tensor."""
         return None if self.mask is None else int(self.surviving_indices.numel() if self.packed else self.mask.sum())
 
-    def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The values that travel, before value compression: survivors, the masked tensor, or the tensor."""
         if self.mask is not None and tensor.shape != self.mask.shape:
             raise ValueError(f"tensor of shape {tuple(tensor.shape)} does not fit mask of shape {tuple(self.mask.shape)}")
         if self.packed:
@@ -54,15 +70,32 @@ class PacTrainCompressor(Compressor):
         else:
             values = tensor
         wire_dtype = _WIRE_DTYPE.get(values.dtype)
-        if wire_dtype is not None:
-            values = values.to(wire_dtype)
-        wire, value_ctx = self.value_compression.compress(values)
+        return values if wire_dtype is None else values.to(wire_dtype)
+
+    def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        if self.lanes is not None:
+            raise RuntimeError("a ternary PacTrainCompressor needs the agreed scale: use gather() then compress_ternary()")
+        wire, value_ctx = self.value_compression.compress(self.gather(tensor))
         return wire, (value_ctx, tensor)
+
+    def compress_ternary(self, tensor: torch.Tensor, ternary: torch.Tensor, scale: torch.Tensor,
+                         divisor: float = 1.0) -> tuple[torch.Tensor, Any]:
+        """Lane-pack ``ternary`` (the survivors of ``tensor`` rounded to {-1, 0, 1} at ``scale``).
+
+        The words must be all-reduced with op=Sum; ``decompress`` then yields ``sum * scale / divisor``
+        (``divisor=world size`` for an average).
+        """
+        words = encode(ternary, self.lanes)
+        return words, (TernaryContext(scale, ternary.numel(), divisor), tensor)
 
     def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
         """Scatter into the tensor that was compressed when it is contiguous (no new allocation)."""
         value_ctx, original = ctx
-        values = self.value_compression.decompress(tensor, value_ctx).to(original.dtype)
+        if isinstance(value_ctx, TernaryContext):
+            summed = decode(tensor, self.lanes, value_ctx.count).to(torch.float32)
+            values = (summed * value_ctx.scale / value_ctx.divisor).to(original.dtype)
+        else:
+            values = self.value_compression.decompress(tensor, value_ctx).to(original.dtype)
         if not self.packed:
             return values
         dense = original if original.is_contiguous() else torch.empty_like(original, memory_format=torch.contiguous_format)

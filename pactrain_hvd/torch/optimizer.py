@@ -8,6 +8,7 @@ only difference is what each all-reduce carries: for a pruned tensor, the surviv
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from collections.abc import Iterable
 from contextlib import contextmanager
@@ -18,14 +19,30 @@ import numpy as np
 import torch
 from horovod.common.util import split_list
 from horovod.torch.compression import Compression, Compressor
-from horovod.torch.mpi_ops import allreduce_async_, grouped_allreduce_async_, synchronize
+from horovod.torch.mpi_ops import allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async, synchronize
 
-from pactrain_hvd.core import CheckpointError, PacTrainConfig, StepStats, TensorStats, should_pack
+from pactrain_hvd.core import (
+    CheckpointError,
+    PacTrainConfig,
+    StepStats,
+    TensorStats,
+    check_saved_world_size,
+    should_pack,
+)
 from pactrain_hvd.core.config import DEFAULT_VERIFY_EVERY
+from pactrain_hvd.core.lanes import SCALE_BYTES, ternary_layout
+from pactrain_hvd.core.own_masks import schedule_sparsity
 from pactrain_hvd.torch.compression import PacTrainCompressor
+from pactrain_hvd.torch.own_masks import resolve_masks, sync_prune_buffers, warn_if_torch_pruned
 from pactrain_hvd.torch.pruning import Prunable, Pruner, select_prunable
+from pactrain_hvd.torch.ternary import TernaryReduction
 
+VALUE_ENCODINGS = ("fp32", "fp16", "ternary")
 _SUPPORTED_OPS = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Min: "Min", hvd.Max: "Max"}
+_OTHER_OPS = {hvd.Adasum: "Adasum", hvd.Product: "Product"}
+# Horovod's torch all-reduce carries fp16/fp32/fp64 gradients (bf16 travels as fp32, see compression.py);
+# complex gradients it rejects mid-step ("Tensor type torch.ComplexFloatTensor is not supported").
+_REDUCIBLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _require_initialized() -> None:
@@ -56,6 +73,24 @@ def _named_parameters(optimizer: torch.optim.Optimizer, named_parameters: Iterab
     return dict(sorted(pairs, key=lambda pair: pair[0]))
 
 
+def _check_values(values: Any, op: int, groups: Any) -> None:
+    if values not in VALUE_ENCODINGS:
+        raise ValueError(f"values must be one of {', '.join(map(repr, VALUE_ENCODINGS))}, got {values!r}")
+    if values == "ternary" and op not in (hvd.Average, hvd.Sum):
+        raise ValueError(f"values='ternary' sums integer codes: op must be hvd.Average or hvd.Sum, got {_SUPPORTED_OPS[op]}")
+    if values == "ternary" and groups is not None:
+        raise ValueError("values='ternary' cannot be combined with groups: ternary tensors already travel together, "
+                         "started in synchronize()")
+
+
+def _check_dtypes(parameters: dict[str, torch.Tensor]) -> None:
+    """Gradients Horovod cannot all-reduce are refused here, not half-way through a backward pass."""
+    for name, p in parameters.items():
+        if p.requires_grad and p.dtype not in _REDUCIBLE_DTYPES:
+            raise TypeError(f"parameter {name!r} has dtype {p.dtype}: Horovod all-reduces float16, bfloat16 (as float32), "
+                            "float32 and float64 gradients; convert it or set requires_grad=False")
+
+
 class DistributedOptimizer(torch.optim.Optimizer):
     """Drop-in replacement for ``hvd.DistributedOptimizer`` that prunes and packs.
 
@@ -70,6 +105,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
     - ``pack_min_numel``, ``pack_max_density``: the adaptive plan (pack only where it pays).
     - ``verify_every``: also prove masks agree every N steps, before that step's first
       all-reduce (0: only after mask changes).
+    - ``values``: how packed (surviving) values travel; dense and unpruned tensors always travel
+      as ``compression`` says. ``"fp32"``: as ``compression`` says (``hvd.Compression.fp16``
+      makes them fp16); ``"fp16"``: fp16; ``"ternary"``: shared-scale stochastic ternary with
+      error feedback, lane-packed into int32 words (``pactrain_hvd.core.lanes``), fp16 when the
+      world is too large for 3 lanes per word (> 256 ranks). Ternary needs ``op`` Average or Sum.
+    - ``masks``: bring your own mask: ``{name: bool mask}``, or the model pruned with
+      ``torch.nn.utils.prune`` (its ``<name>_mask`` buffers become the masks of ``<name>_orig``).
+      Fixed: the schedule is off unless ``continue_pruning=True`` (see ``core.own_masks``).
 
     Example::
 
@@ -98,40 +141,57 @@ class DistributedOptimizer(torch.optim.Optimizer):
         pack_min_numel: int | None = None,
         pack_max_density: float | None = None,
         verify_every: int = DEFAULT_VERIFY_EVERY,
+        values: str = "fp32",
+        masks: dict[str, Any] | torch.nn.Module | None = None,
+        continue_pruning: bool = False,
     ) -> None:
         # Everything is validated before the first collective call.
         if not isinstance(optimizer, torch.optim.Optimizer) or isinstance(optimizer, DistributedOptimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer (not already distributed), got {type(optimizer).__name__}")
         plan_overrides = {k: v for k, v in (("pack_min_numel", pack_min_numel), ("pack_max_density", pack_max_density)) if v is not None}
         self.config = PacTrainConfig(
-            sparsity=sparsity, begin_step=begin_step, end_step=end_step, frequency=frequency,
-            ranking=ranking, verify_every=verify_every, **plan_overrides,
+            sparsity=schedule_sparsity(sparsity, masks is not None, continue_pruning), begin_step=begin_step,
+            end_step=end_step, frequency=frequency, ranking=ranking, verify_every=verify_every, **plan_overrides,
         )
         if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) or backward_passes_per_step <= 0:
             raise ValueError(f"backward_passes_per_step must be an int > 0, got {backward_passes_per_step!r}")
         if op not in _SUPPORTED_OPS:
-            raise ValueError(f"op={op!r} is not supported with packing: use hvd.Average, hvd.Sum, hvd.Min or hvd.Max (Adasum is not)")
+            op_name = f"hvd.{_OTHER_OPS[op]}" if op in _OTHER_OPS else repr(op)
+            raise ValueError(f"op={op_name} is not supported with packing: use hvd.Average, hvd.Sum, hvd.Min or hvd.Max "
+                             "(Adasum is not)")
         if gradient_predivide_factor != 1.0 and op != hvd.Average:
             raise ValueError("gradient_predivide_factor not supported with op != Average")
         if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
             raise ValueError("groups should be a positive integer or a list of lists of torch.Tensor")
+        _check_values(values, op, groups)
         _require_initialized()
         self._optimizer = optimizer
         self._parameters = _named_parameters(optimizer, named_parameters)
+        _check_dtypes(self._parameters)
         self._names = {p: name for name, p in self._parameters.items()}
+        own_masks, self._prune_buffers = resolve_masks(masks, self._names) if masks is not None else ({}, {})
+        if masks is None:
+            warn_if_torch_pruned(self._names)
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
-        self._pruner = Pruner(self._parameters, select_prunable(self._parameters, prunable),
-                              self.config.schedule, self.config.ranking, process_set)
+        prunable_names = sorted(own_masks) if own_masks and prunable is None else select_prunable(self._parameters, prunable)
+        self._pruner = Pruner(self._parameters, prunable_names, self.config.schedule, self.config.ranking, process_set)
         self._step = 0
         self._verify_pending = False
         self._stats = StepStats()
+        self.values = values
+        layout = ternary_layout(process_set.size()) if values == "ternary" else None
+        self._ternary = TernaryReduction(layout, process_set) if layout is not None else None
+        self._packed_compression = Compression.fp16 if values in ("fp16", "ternary") else compression
+        self._warned_sparse: set[torch.Tensor] = set()
         self._compressors: dict[torch.Tensor, PacTrainCompressor] = {}
         self._rebuild_plan()
+        if own_masks:
+            self.set_masks(own_masks)  # validated; proven equal on all ranks before the first all-reduce
 
         self._handles: dict[Any, tuple[Any, Any]] = {}
         self._delay = {p: backward_passes_per_step for p in self._parameters.values()}
@@ -196,8 +256,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return {name: mask.clone() for name, mask in self._pruner.masks.items()}
 
     def stats(self) -> dict:
-        """The last step's wire bytes (sent and dense-equivalent), per-tensor density and plan."""
-        return dict(self._stats.as_dict(), sparsity=self._pruner.sparsity())
+        """The last step's wire bytes (sent and dense-equivalent), bits per packed value, per-tensor density and plan.
+
+        ``values`` says how packed values travelled: ``"ternary"``, or ``"fp16"`` when ternary fell
+        back (too many ranks for 3 lanes per word), else as the ``values`` argument.
+        """
+        encoding = "ternary" if self._ternary is not None else ("fp16" if self.values == "ternary" else self.values)
+        return dict(self._stats.as_dict(), sparsity=self._pruner.sparsity(), values=encoding)
 
     def set_masks(self, masks: dict[str, Any]) -> None:
         """Replace the masks (bool tensors or arrays by parameter name); local, no communication.
@@ -213,6 +278,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _after_mask_change(self) -> None:
         self._pruner.clear_optimizer_state(self._optimizer.state)
+        sync_prune_buffers(self._prune_buffers, self._pruner.masks)
         self._rebuild_plan()
 
     def _verify_if_pending(self) -> None:
@@ -223,20 +289,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _rebuild_plan(self) -> None:
         """Per tensor: packed, dense-masked or untouched. Same masks, so same plan on every rank."""
         cfg = self.config
-        self._compressors = {}
+        previous, self._compressors = self._compressors, {}
         for name, p in self._parameters.items():
             mask = self._pruner.masks.get(name)
             packed = mask is not None and should_pack(p.numel(), int(mask.sum()), cfg.pack_min_numel, cfg.pack_max_density)
-            self._compressors[p] = PacTrainCompressor(mask, self._compression, packed=packed)
+            lanes = self._ternary.layout if packed and self._ternary is not None else None
+            self._compressors[p] = PacTrainCompressor(mask, self._packed_compression if packed else self._compression,
+                                                      packed=packed, lanes=lanes)
+            if self._ternary is not None and p in previous:
+                self._ternary.memory.remap(name, previous[p].surviving_indices,
+                                           self._compressors[p].surviving_indices if lanes else None, p.numel())
 
-    def _record(self, p: torch.Tensor, wire: torch.Tensor) -> None:
+    def _record(self, p: torch.Tensor, wire: torch.Tensor, extra_bytes: int = 0) -> None:
         compressor = self._compressors[p]
         numel = p.numel()
         self._stats.tensors[self._names[p]] = TensorStats(
             numel=numel,
             kept=numel if compressor.kept is None else compressor.kept,
             packed=compressor.packed,
-            sent_bytes=wire.numel() * wire.element_size(),
+            sent_bytes=wire.numel() * wire.element_size() + extra_bytes,
             dense_bytes=numel * p.element_size(),
         )
 
@@ -260,22 +331,38 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return {p: tuple(group) for group in formed if group for p in group}
 
     def _compress(self, p: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        wire, ctx = self._compressors[p].compress(self._local_grad(p))
+        self._record(p, wire)
+        return wire, ctx
+
+    def _local_grad(self, p: torch.Tensor) -> torch.Tensor:
+        """``p``'s dense local gradient, once masks are proven to agree."""
         self._verify_if_pending()
         if p.grad is None:
             # Another rank may have a gradient for it (dynamic graphs): send zeros, as Horovod does.
             p.grad = torch.zeros_like(p)
         grad = p.grad
         if grad.is_sparse:
-            if not self.sparse_as_dense:
-                raise ValueError(f"parameter {self._names[p]!r} has a sparse gradient: pass sparse_as_dense=True "
-                                 "(packing needs dense gradients)")
+            if not self.sparse_as_dense and p not in self._warned_sparse:
+                self._warned_sparse.add(p)
+                reason = "it is pruned" if self._compressors[p].mask is not None else "it is in a group"
+                warnings.warn(f"parameter {self._names[p]!r} has a sparse gradient and {reason}: it travels dense, as with "
+                              "sparse_as_dense=True (pass that to silence this)", stacklevel=2)
             grad = grad.to_dense()
             p.grad = grad
-        wire, ctx = self._compressors[p].compress(grad)
-        self._record(p, wire)
-        return wire, ctx
+        return grad
+
+    def _ternary_allreduce_async(self, params: list[torch.Tensor]) -> dict[torch.Tensor, tuple[Any, Any]]:
+        """Start the ternary tensors' all-reduces, after one MAX all-reduce of their scales (blocking)."""
+        tensors = [(self._names[p], self._local_grad(p), self._compressors[p]) for p in params]
+        launched = self._ternary.allreduce_async(tensors, average=self.op == hvd.Average)
+        for p, (_, _, words) in zip(params, launched):
+            self._record(p, words, extra_bytes=SCALE_BYTES)
+        return {p: (handle, ctx) for p, (handle, ctx, _) in zip(params, launched)}
 
     def _allreduce_grad_async(self, p: torch.Tensor) -> tuple[Any, Any]:
+        if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense and self._compressors[p].mask is None:
+            return self._sparse_allreduce_grad_async(p)
         wire, ctx = self._compress(p)
         if self.op == hvd.Average:
             # Split the average like Horovod: the C++ side applies the extra 1/size.
@@ -286,18 +373,30 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                   postscale_factor=postscale, process_set=self.process_set)
         return handle, ctx
 
+    def _sparse_allreduce_grad_async(self, p: torch.Tensor) -> tuple[Any, None]:
+        """An unpruned sparse gradient travels as Horovod sends it: indices and values allgathered."""
+        self._verify_if_pending()
+        grad = p.grad
+        self._stats.tensors[self._names[p]] = TensorStats(
+            numel=p.numel(), kept=p.numel(), packed=False,
+            sent_bytes=sum(t.numel() * t.element_size() for t in (grad._indices(), grad._values())),
+            dense_bytes=p.numel() * p.element_size(),
+        )
+        return sparse_allreduce_async(grad, name=self._names[p], op=self.op, process_set=self.process_set), None
+
     def _grouped_allreduce_grad_async(self, group: tuple) -> tuple[Any, Any]:
         wires, ctxs = zip(*[self._compress(p) for p in group])
         handle = grouped_allreduce_async_(list(wires), name=self._names[group[0]], op=self.op, process_set=self.process_set)
         return handle, ctxs
 
     def _on_gradient_ready(self, p: torch.Tensor) -> None:
-        if p in self._handles and self._handles[p][0] is not None and self._delay[p] <= 0:
+        deferred = self._compressors[p].lanes is not None  # ternary: sent in synchronize(), see TernaryReduction
+        if p in self._handles and (self._handles[p][0] is not None or deferred) and self._delay[p] <= 0:
             raise AssertionError("Gradients were computed more than backward_passes_per_step times before call to step(). "
                                  "Increase backward_passes_per_step to accumulate gradients locally.")
         self._delay[p] -= 1
         handle, ctx = None, None
-        if self._delay[p] == 0:
+        if self._delay[p] == 0 and not deferred:
             if self._groups is not None:
                 group = self._groups[p]
                 self._group_counts[group] += 1
@@ -319,11 +418,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         started: set[torch.Tensor] = set()
         for key in self._handles:
             started.update(key) if isinstance(key, tuple) else started.add(key)
-        for p in self._requires_update - started:
+        ternary = [p for p in self._parameters.values() if p in self._requires_update and self._compressors[p].lanes]
+        deferred = set(ternary)
+        for p in self._requires_update - started - deferred:
             self._handles[p] = self._allreduce_grad_async(p)
         for p, (handle, _) in list(self._handles.items()):
-            if handle is None:
+            if handle is None and p not in deferred:
                 self._handles[p] = self._allreduce_grad_async(p)
+        if ternary:
+            self._handles.update(self._ternary_allreduce_async(ternary))
         for key, (handle, ctx) in self._handles.items():
             if isinstance(key, tuple):
                 for p, output, p_ctx in zip(key, synchronize(handle), ctx):
@@ -331,11 +434,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     p.grad.set_(self._compressors[p].decompress(output, p_ctx))
                 self._group_counts[key] = 0
             else:
-                output = synchronize(handle)
                 self._delay[key] = self.backward_passes_per_step
                 if self._groups is not None:
                     self._group_counts[self._groups[key]] = 0
-                key.grad.set_(self._compressors[key].decompress(output, ctx))
+                if callable(handle):  # a sparse allgather: sparse gradients do not support set_
+                    key.grad.zero_().add_(handle())
+                else:
+                    key.grad.set_(self._compressors[key].decompress(synchronize(handle), ctx))
         self._handles.clear()
         self._stats.step = self._step
         self._synchronized = True
@@ -386,6 +491,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         state["pactrain"] = {
             "step": self._step,
             "sparsity": self.config.sparsity,
+            "world_size": _world_size(self.process_set),
             "masks": {name: mask.cpu().clone() for name, mask in self._pruner.masks.items()},
         }
         return state
@@ -401,22 +507,46 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if pactrain is not None:
             if not isinstance(pactrain, dict) or not {"step", "masks"} <= set(pactrain):
                 raise CheckpointError("the 'pactrain' entry of the optimizer state dict needs 'step' and 'masks'")
+            step = pactrain["step"]
+            if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+                raise CheckpointError(f"checkpoint 'pactrain' step must be an int >= 0, got {step!r}")
             try:
                 masks = self._pruner.validate(_host_masks(pactrain["masks"]))
             except (TypeError, ValueError) as error:
                 raise CheckpointError(f"checkpoint does not fit this model: {error}") from error
+            current = _world_size(self.process_set)
+            if current is not None:
+                check_saved_world_size(pactrain.get("world_size"), current)
         self._handles = {}
         self._synchronized = False
         self._should_synchronize = True
         self.set_backward_passes_per_step(self.backward_passes_per_step)
         self._optimizer.load_state_dict(state_dict)
         if masks is not None:
-            self._step = int(pactrain["step"])
+            self._step = int(step)
             self._install_masks(masks)
 
 
+def _world_size(process_set: hvd.ProcessSet) -> int | None:
+    """None while Horovod is down (an elastic restore runs between a failure and the re-init)."""
+    try:
+        return process_set.size()
+    except (ValueError, RuntimeError):
+        return None
+
+
 def _host_masks(masks: dict[str, Any]) -> dict[str, np.ndarray]:
-    return {name: torch.as_tensor(mask).cpu().numpy() for name, mask in masks.items()}
+    """Masks as host arrays; anything that is not a readable tensor or array is refused by name."""
+    if not isinstance(masks, dict):
+        raise TypeError(f"masks must be a dict of parameter name -> bool tensor, got {type(masks).__name__}")
+    host = {}
+    for name, mask in masks.items():
+        try:
+            host[name] = torch.as_tensor(mask).cpu().numpy()
+        except (TypeError, ValueError, RuntimeError, NotImplementedError) as error:
+            raise TypeError(f"mask for {name!r} must be a bool tensor or array with data, got {type(mask).__name__}: "
+                            f"{error}") from error
+    return host
 
 
 def broadcast_masks(optimizer: DistributedOptimizer, root_rank: int = 0) -> None:

@@ -95,9 +95,11 @@ class Pruner:
     @torch.no_grad()
     def mask_gradients(self) -> None:
         for name, mask in self.masks.items():
-            grad = self.parameters[name].grad
-            if grad is not None:
-                grad.masked_fill_(~mask, 0)
+            param = self.parameters[name]
+            if param.grad is not None and param.grad.is_sparse:
+                param.grad = param.grad.to_dense()  # pruned tensors have dense gradients from now on
+            if param.grad is not None:
+                param.grad.masked_fill_(~mask, 0)
 
     @torch.no_grad()
     def clear_optimizer_state(self, state: Mapping[torch.Tensor, dict]) -> None:

@@ -29,6 +29,16 @@ def model_and_sgd():
     (dict(backward_passes_per_step=0), ValueError, "backward_passes_per_step must be an int > 0"),
     (dict(ranking="row"), ValueError, "ranking must be"),
     (dict(groups=-1), ValueError, "groups should be"),
+    (dict(sparsity=float("nan")), ValueError, r"sparsity must be in \[0, 1\), got nan"),
+    (dict(sparsity="0.9"), TypeError, r"sparsity must be a number in \[0, 1\), got '0.9'"),
+    (dict(frequency=2.5), TypeError, "frequency must be an int, got float"),
+    (dict(op=hvd.Product), ValueError, "op=hvd.Product is not supported with packing"),
+    (dict(backward_passes_per_step=1.0), ValueError, "backward_passes_per_step must be an int > 0, got 1.0"),
+    (dict(verify_every=-1), ValueError, "verify_every must be >= 0"),
+    (dict(verify_every=0.5), TypeError, "verify_every must be an int, got 0.5"),
+    (dict(pack_min_numel=-1), ValueError, "pack_min_numel must be >= 0, got -1"),
+    (dict(pack_max_density=0.0), ValueError, r"pack_max_density must be in \(0, 1\], got 0.0"),
+    (dict(pack_max_density=float("nan")), ValueError, r"pack_max_density must be in \(0, 1\], got nan"),
 ])
 def test_bad_arguments_name_what_is_wrong(kwargs, error, message):
     model, sgd = model_and_sgd()

@@ -150,13 +150,17 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
     pack_min_numel: int | None = None,
     pack_max_density: float | None = None,
     verify_every: int = DEFAULT_VERIFY_EVERY,
+    masks: dict[str, Any] | Any = None,
+    continue_pruning: bool = False,
+    values: str = "fp32",
 ) -> Any:
     """Drop-in replacement for ``horovod.tensorflow.keras.DistributedOptimizer`` that prunes and packs.
 
     Takes every argument of Horovod's with the same defaults, plus PacTrain's (see
     ``PacTrainState``): ``sparsity`` (``0`` behaves like Horovod's optimizer), ``begin_step``,
     ``end_step``, ``frequency``, ``prunable``, ``ranking``, ``pack_min_numel``,
-    ``pack_max_density``, ``verify_every``. Works with Keras 3 and tf-keras 2 optimizers, in
+    ``pack_max_density``, ``verify_every``, ``masks`` and ``continue_pruning`` (bring your own mask:
+    a dict, or the model wrapped by tfmot's ``prune_low_magnitude``). Works with Keras 3 and tf-keras 2 optimizers, in
     ``model.fit`` and in custom loops (``optimizer.apply_gradients`` reduces: do not also wrap the
     tape). Like Horovod's, it is rebuilt from ``optimizer.get_config()``: wrap before training.
 
@@ -192,6 +196,7 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
         device_dense=device_dense, device_sparse=device_sparse, scale_local_gradients=scale_local_gradients,
         sparsity=sparsity, begin_step=begin_step, end_step=end_step, frequency=frequency, prunable=prunable,
         ranking=ranking, pack_min_numel=pack_min_numel, pack_max_density=pack_max_density, verify_every=verify_every,
+        masks=masks, continue_pruning=continue_pruning, values=values,
     )
     config = optimizer.get_config()
     if name is not None:

@@ -1,0 +1,55 @@
+"""Horovod elastic: ``hvd.elastic.TorchState(model=model, optimizer=opt)`` keeps masks and schedule.
+
+Horovod's ``TorchState`` commits and restores an optimizer through ``state_dict()``, which carries
+our masks and schedule position, so a rollback to the last commit rolls them back too. Its sync
+after a reset calls ``hvd.broadcast_optimizer_state(opt)``, which is not enough for
+``pt.DistributedOptimizer``: it does not send masks, and on a rank without optimizer state (a
+worker that just joined) it initialises that state by calling ``opt.step()``, an all-reduce that
+ranks with state never join, and which advances the schedule.
+
+Importing ``pactrain_hvd.torch`` registers :class:`PacTrainStateHandler` for our optimizer in
+Horovod's handler registry (``horovod.torch.elastic.state.set_handler_registry``, Horovod's own
+extension point), so the user's elastic code is Horovod's, unchanged. After every sync all ranks
+hold rank 0's optimizer state, masks and schedule position, and the Mask Tracker has proven it.
+"""
+
+from __future__ import annotations
+
+import horovod.torch as hvd
+import torch
+from horovod.torch.elastic.state import OptimizerStateHandler, get_handler_registry, set_handler_registry
+
+from pactrain_hvd.torch.optimizer import DistributedOptimizer, broadcast_masks
+
+
+class PacTrainStateHandler(OptimizerStateHandler):
+    """``TorchState``'s handler for ``pt.DistributedOptimizer``: save/restore as Horovod's, sync with masks.
+
+    Example::
+
+        >>> opt = pt.DistributedOptimizer(opt, named_parameters=model.named_parameters(), sparsity=0.9)
+        >>> state = hvd.elastic.TorchState(model=model, optimizer=opt, epoch=0)  # picks this handler
+    """
+
+    def sync(self) -> None:
+        optimizer: DistributedOptimizer = self.value
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        # Broadcasting the wrapped optimizer's state keeps the collectives local to it; a rank
+        # with no state yet takes a local zero-gradient step to create it, which weight decay
+        # would apply to the weights, so they are put back afterwards.
+        weights = [p.detach().clone() for p in parameters]
+        hvd.broadcast_optimizer_state(optimizer.optimizer, root_rank=0)
+        with torch.no_grad():
+            for p, weight in zip(parameters, weights):
+                p.copy_(weight)
+        broadcast_masks(optimizer, root_rank=0)
+
+
+def register() -> None:
+    """Put :class:`PacTrainStateHandler` first in Horovod's registry (idempotent; done on import)."""
+    registry = get_handler_registry()
+    if not any(handler is PacTrainStateHandler for _, handler in registry):
+        set_handler_registry([(DistributedOptimizer, PacTrainStateHandler), *registry])
+
+
+register()

@@ -1,0 +1,102 @@
+"""Ternary values for packed tensors: what each rank remembers between steps, and how they travel.
+
+GRACE's split: ``PacTrainCompressor.compress_ternary`` decides what to send, ``ErrorFeedback`` is the
+memory, ``TernaryReduction`` moves it: one MAX all-reduce agrees every tensor's scale, then each
+tensor's lane-packed int32 words go through an ordinary SUM all-reduce (fused by Horovod). It runs
+in ``synchronize()``, once every gradient is ready, so no rank blocks inside a backward hook.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import horovod.torch as hvd
+import torch
+from horovod.torch.mpi_ops import allreduce_async_
+
+from pactrain_hvd.core.lanes import LaneLayout
+from pactrain_hvd.torch.compression import PacTrainCompressor
+from pactrain_hvd.torch.lanes import stochastic_ternary
+
+_NOISE_SEED = 0x7E4A  # rounding noise: seeded with this plus the rank, so ranks draw independently
+
+
+class ErrorFeedback:
+    """Per tensor, the quantization error of the surviving values, added to the next step's values.
+
+    Residuals have the packed length (one per surviving coordinate): they are masked like the
+    gradient. When a mask changes, ``remap`` keeps the residual of the coordinates that survive.
+    """
+
+    def __init__(self) -> None:
+        self.residuals: dict[str, torch.Tensor] = {}
+
+    def add(self, name: str, values: torch.Tensor) -> torch.Tensor:
+        residual = self.residuals.get(name)
+        return values if residual is None else values + residual
+
+    def store(self, name: str, values: torch.Tensor, dequantized: torch.Tensor) -> None:
+        self.residuals[name] = values - dequantized
+
+    def remap(self, name: str, old_indices: torch.Tensor | None, new_indices: torch.Tensor | None, numel: int) -> None:
+        """Move ``name``'s residual from the old surviving coordinates to the new ones (None: drop it)."""
+        residual = self.residuals.pop(name, None)
+        if residual is None or old_indices is None or new_indices is None:
+            return
+        dense = residual.new_zeros(numel)
+        dense.index_copy_(0, old_indices, residual)
+        self.residuals[name] = dense.index_select(0, new_indices)
+
+
+class NoiseSource:
+    """Uniform [0, 1) noise for stochastic rounding; one generator per device."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    def uniform(self, count: int, device: torch.device) -> torch.Tensor:
+        generator = self._generators.get(device)
+        if generator is None:
+            generator = self._generators[device] = torch.Generator(device=device).manual_seed(self.seed)
+        return torch.rand(count, generator=generator, device=device)
+
+
+class TernaryReduction:
+    """Shared-scale stochastic ternary all-reduce of packed tensors, with error feedback.
+
+    Example::
+
+        >>> reduction = TernaryReduction(ternary_layout(hvd.size()), hvd.global_process_set)
+        >>> launched = reduction.allreduce_async([(name, grad, compressor)], average=True)
+        >>> grad = compressor.decompress(synchronize(launched[0][0]), launched[0][1])
+    """
+
+    def __init__(self, layout: LaneLayout, process_set: hvd.ProcessSet) -> None:
+        self.layout = layout
+        self.process_set = process_set
+        self.memory = ErrorFeedback()
+        self.noise = NoiseSource(_NOISE_SEED + process_set.rank())
+
+    def allreduce_async(self, tensors: list[tuple[str, torch.Tensor, PacTrainCompressor]],
+                        average: bool) -> list[tuple[Any, Any, torch.Tensor]]:
+        """Start one int32 SUM all-reduce per ``(name, gradient, compressor)``: ``(handle, ctx, words)`` each.
+
+        Blocks once, on the MAX all-reduce of all scales; every rank must call it with the same names.
+        """
+        values = [self.memory.add(name, compressor.gather(grad).float()) for name, grad, compressor in tensors]
+        if not values:
+            return []
+        device = values[0].device
+        local = torch.stack([(v.abs().max() if v.numel() else v.new_zeros(())).to(device) for v in values])
+        scales = hvd.allreduce(local, op=hvd.Max, name="pactrain.ternary.scales", process_set=self.process_set)
+        divisor = float(self.layout.world_size) if average else 1.0
+        launched = []
+        for (name, grad, compressor), value, scale in zip(tensors, values, scales):
+            scale = scale.to(value.device)
+            ternary = stochastic_ternary(value, scale, self.noise.uniform(value.numel(), value.device))
+            self.memory.store(name, value, ternary.to(value.dtype) * scale)
+            words, ctx = compressor.compress_ternary(grad, ternary, scale, divisor)
+            handle = allreduce_async_(words, name=name, op=hvd.Sum, process_set=self.process_set)
+            launched.append((handle, ctx, words))
+        return launched

@@ -1,0 +1,115 @@
+"""values='ternary': shared-scale ternary codes summed in int32 lanes by Horovod, with error feedback."""
+
+import copy
+
+import horovod.torch as hvd
+import pytest
+import torch
+from conftest import assert_same_on_all_ranks, loss_of, make_model
+
+import pactrain_hvd.torch as pt
+from pactrain_hvd.core.lanes import ternary_layout
+
+
+def named(model, prefix):
+    return [(f"{prefix}.{name}", p) for name, p in model.named_parameters()]
+
+
+def sgd(model, lr=0.05):
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+
+
+def all_true(flag: bool, name: str) -> bool:
+    """``flag`` on every rank (so every rank asserts the same thing and none hangs)."""
+    return bool(hvd.allreduce(torch.tensor([int(flag)]), op=hvd.Min, name=f"check.{name}").item())
+
+
+@pytest.mark.parametrize("op", [hvd.Average, hvd.Sum])
+def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
+    size = hvd.size()
+    model = make_model()
+    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, f"t{op}"), op=op, values="ternary",
+                                  sparsity=0.9, begin_step=0, end_step=0, pack_min_numel=1000)
+    opt.zero_grad()
+    loss_of(model, 0).backward()
+    opt.step()  # step 0 prunes once; nothing was packed yet
+    masks, layout = opt.masks(), ternary_layout(size)
+    ternary_names = sorted(name for name, p in opt._parameters.items() if opt._compressors[p].lanes is not None)
+    assert ternary_names == [f"t{op}.conv2.weight", f"t{op}.fc.weight"]  # conv1 (432) stays dense
+    assert opt.stats()["values"] == "ternary"
+    for step in range(1, 5):
+        twin = copy.deepcopy(model)
+        loss_of(twin, step).backward()
+        local = dict(zip(opt._parameters, (q.grad for _, q in sorted(twin.named_parameters()))))
+        residual_before = {name: opt._ternary.memory.residuals.get(name) for name in ternary_names}
+        opt.zero_grad()
+        loss_of(model, step).backward()
+        opt.synchronize()
+        stats = opt.stats()
+        for name in ternary_names:
+            p, compressor = opt._parameters[name], opt._compressors[opt._parameters[name]]
+            indices = compressor.surviving_indices
+            values = local[name].reshape(-1)[indices]
+            if residual_before[name] is not None:
+                values = values + residual_before[name]
+            scale = hvd.allreduce(values.abs().max().reshape(1), op=hvd.Max, name=f"ref.scale.{name}")[0]
+            dequantized = values - opt._ternary.memory.residuals[name]  # what this rank sent: t * scale
+            ternary = torch.round(dequantized / scale)
+            codes_ok = bool(torch.all(ternary.abs() <= 1)) and torch.allclose(ternary * scale, dequantized, atol=1e-6)
+            assert all_true(codes_ok, f"codes.{name}.{step}"), f"{name}: a rank sent values that are not t * scale"
+            summed = hvd.allreduce(ternary.to(torch.int32), op=hvd.Sum, name=f"ref.sum.{name}")
+            expected = summed.float() * scale / (size if op == hvd.Average else 1)
+            got = p.grad.reshape(-1)[indices]
+            close = torch.allclose(got, expected, rtol=1e-6, atol=0)
+            pruned_zero = bool(torch.all(p.grad[~masks[name]] == 0))
+            assert all_true(close and pruned_zero, f"grad.{name}.{step}"), f"{name} at step {step}"
+            entry = stats["tensors"][name]
+            kept = indices.numel()
+            assert entry["kept"] == kept and entry["packed"]
+            assert entry["sent_bytes"] == -(-kept // layout.lanes) * 4 + 4
+            assert entry["bits_per_value"] == pytest.approx(8 * entry["sent_bytes"] / kept)
+        for name in sorted(set(opt._parameters) - set(ternary_names)):  # dense, unpruned: fp32, exact average
+            reference = local[name] * masks[name] if name in masks else local[name]
+            reference = hvd.allreduce(reference, op=op, name=f"ref.dense.{name}.{step}")
+            ok = torch.allclose(opt._parameters[name].grad, reference, rtol=1e-6, atol=1e-7)
+            assert all_true(ok, f"dense.{name}.{step}"), f"dense tensor {name} at step {step}"
+        assert stats["bits_per_value"] < 4  # 32 / 10 lanes for 2 ranks, plus one scale per tensor
+        with opt.skip_synchronize():
+            opt.step()
+    assert_same_on_all_ranks(dict(model.named_parameters()))
+    for name, mask in masks.items():
+        assert torch.all(opt._parameters[name][~mask] == 0), f"pruned weights of {name} are not 0"
+
+
+def test_ternary_training_reduces_loss():
+    torch.manual_seed(0)
+    teacher = torch.randn(64, 4)
+    generator = torch.Generator().manual_seed(100 + hvd.rank())
+    inputs = torch.randn(256, 64, generator=generator)
+    targets = inputs @ teacher
+    model = torch.nn.Linear(64, 4, bias=False)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = pt.DistributedOptimizer(sgd(model, lr=0.02), named_parameters=[("w", model.weight)], values="ternary",
+                                  sparsity=0.5, begin_step=0, end_step=0, pack_min_numel=0)
+    losses = []
+    for _ in range(150):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert opt.stats()["tensors"]["w"]["packed"] and opt.stats()["values"] == "ternary"
+    ok = losses[-1] < 0.5 * losses[1]
+    assert all_true(ok, "loss"), f"loss went {losses[1]:.3f} -> {losses[-1]:.3f}"
+    assert_same_on_all_ranks({"w": model.weight})
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(values="int8"), "values must be one of"),
+    (dict(values="ternary", op=hvd.Max), "op must be hvd.Average or hvd.Sum"),
+    (dict(values="ternary", groups=2), "cannot be combined with groups"),
+])
+def test_bad_values_arguments_are_refused_before_anything(kwargs, message):
+    model = make_model()
+    with pytest.raises(ValueError, match=message):
+        pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "bad"), **kwargs)

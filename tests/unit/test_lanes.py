@@ -1,0 +1,150 @@
+"""Ternary lanes: exact integer sums over simulated ranks, one bit layout for numpy and torch, unbiased rounding,
+error feedback, and the ternary path of PacTrainCompressor."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pactrain_hvd.core import StepStats, TensorStats
+from pactrain_hvd.core import lanes as core
+from pactrain_hvd.torch import PacTrainCompressor
+from pactrain_hvd.torch import lanes as torch_lanes
+from pactrain_hvd.torch.ternary import ErrorFeedback
+
+
+@pytest.mark.parametrize("world_size, width, lanes", [(1, 2, 15), (2, 3, 10), (3, 3, 10), (4, 4, 7), (8, 5, 6),
+                                                       (16, 6, 5), (64, 8, 3), (256, 10, 3), (512, 11, 2)])
+def test_layout_from_world_size(world_size, width, lanes):
+    layout = core.lane_layout(world_size)
+    assert (layout.width, layout.lanes) == (width, lanes)
+    assert layout.width == math.ceil(math.log2(2 * world_size + 1))
+    assert layout.width * layout.lanes <= core.WORD_BITS
+    assert (core.ternary_layout(world_size) is None) == (lanes < 3)  # fp16 fallback beyond 256 ranks
+
+
+@pytest.mark.parametrize("world_size", [0, -1, 2.0, True])
+def test_layout_refuses_bad_world_size(world_size):
+    with pytest.raises(ValueError, match="world_size"):
+        core.lane_width(world_size)
+
+
+@pytest.mark.parametrize("world_size", range(2, 65))
+def test_summed_words_unpack_to_exact_code_sums(world_size):
+    """N simulated ranks pack their codes; numpy sums the int32 words as the all-reduce would."""
+    layout = core.lane_layout(world_size)
+    rng = np.random.default_rng(world_size)
+    count = 3 * layout.lanes + 1  # a padded last word
+    ternary = rng.integers(-1, 2, size=(world_size, count))
+    ternary[:, 0] = 1  # the extreme lane sums 2N and 0 must fit too
+    ternary[:, 1] = -1
+    words = np.stack([core.pack_codes(t + core.CODE_OFFSET, layout) for t in ternary])
+    assert words.dtype == np.int32 and words.shape == (world_size, layout.words(count))
+    summed = words.sum(axis=0, dtype=np.int32)
+    assert np.all(summed >= 0)  # the sign bit is never reached
+    decoded = core.decode_sums(core.unpack_lanes(summed, layout, count), world_size)
+    np.testing.assert_array_equal(decoded, ternary.sum(axis=0))
+    assert decoded[0] == world_size and decoded[1] == -world_size
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 7, 64, 256])
+def test_torch_and_numpy_packers_write_identical_words(world_size):
+    layout = core.lane_layout(world_size)
+    rng = np.random.default_rng(world_size)
+    lane_values = rng.integers(0, 2 * world_size + 1, size=1001)  # any lane value up to 2N
+    expected = core.pack_codes(lane_values, layout)
+    words = torch_lanes.pack_codes(torch.from_numpy(lane_values).to(torch.int32), layout)
+    assert words.dtype == torch.int32
+    np.testing.assert_array_equal(words.numpy(), expected)
+    np.testing.assert_array_equal(torch_lanes.unpack_lanes(words, layout, 1001).numpy(), lane_values)
+    np.testing.assert_array_equal(core.unpack_lanes(expected, layout, 1001), lane_values)
+    ternary = rng.integers(-1, 2, size=77)
+    np.testing.assert_array_equal(torch_lanes.encode(torch.from_numpy(ternary), layout).numpy(),
+                                  core.pack_codes(ternary + 1, layout))
+
+
+def test_layout_is_lane_zero_in_the_low_bits():
+    layout = core.lane_layout(2)  # 3-bit lanes
+    assert core.pack_codes(np.array([1, 2, 0, 2]), layout)[0] == 1 + (2 << 3) + (2 << 9)
+
+
+def test_torch_and_numpy_rounding_agree():
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=500).astype(np.float32)
+    scale = np.float32(np.abs(values).max())
+    noise = rng.random(500).astype(np.float32)
+    expected = core.stochastic_ternary(values, scale, noise)
+    got = torch_lanes.stochastic_ternary(torch.from_numpy(values), torch.tensor(scale), torch.from_numpy(noise))
+    assert got.dtype == torch.int8
+    np.testing.assert_array_equal(got.numpy(), expected)
+    assert set(np.unique(expected)) <= {-1, 0, 1}
+    assert np.all(core.stochastic_ternary(np.zeros(5), 0.0, rng.random(5)) == 0)  # a zero scale
+
+
+def test_stochastic_rounding_is_unbiased():
+    values = np.array([-1.0, -0.7, -0.25, 0.0, 0.1, 0.5, 0.9, 1.0], dtype=np.float32)
+    scale, draws = 1.0, 20000
+    rng = np.random.default_rng(1)
+    mean = core.stochastic_ternary(np.tile(values, (draws, 1)), scale, rng.random((draws, values.size))).mean(axis=0)
+    # Bernoulli(p) mean: standard error <= 0.5 / sqrt(draws) = 0.0035; 5 sigma
+    np.testing.assert_allclose(mean * scale, values, atol=0.018)
+
+
+def test_error_feedback_carries_the_quantization_error():
+    memory = ErrorFeedback()
+    values = torch.tensor([0.3, -0.6, 0.05])
+    dequantized = torch.tensor([1.0, -1.0, 0.0])
+    assert memory.add("w", values) is values  # nothing remembered yet
+    memory.store("w", values, dequantized)
+    torch.testing.assert_close(memory.residuals["w"], values - dequantized)
+    torch.testing.assert_close(memory.add("w", torch.ones(3)), 1 + values - dequantized)
+    # over many steps of a constant gradient, the sum of what was sent tracks the sum of gradients
+    memory, scale, sent = ErrorFeedback(), torch.tensor(1.0), torch.zeros(3)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        value = memory.add("g", values)
+        dequantized = torch_lanes.stochastic_ternary(value, scale, torch.rand(3, generator=generator)) * scale
+        memory.store("g", value, dequantized)
+        sent += dequantized
+    torch.testing.assert_close(sent + memory.residuals["g"], 200 * values)
+    assert memory.residuals["g"].abs().max() <= 2 * scale  # bounded: the error does not accumulate
+
+
+def test_error_feedback_remap_keeps_surviving_coordinates():
+    memory = ErrorFeedback()
+    memory.residuals["w"] = torch.tensor([1.0, 2.0, 3.0])  # at flat coordinates 0, 4, 7
+    memory.remap("w", torch.tensor([0, 4, 7]), torch.tensor([4, 7]), numel=9)  # coordinate 0 pruned
+    torch.testing.assert_close(memory.residuals["w"], torch.tensor([2.0, 3.0]))
+    memory.remap("w", torch.tensor([4, 7]), None, numel=9)  # no longer quantized
+    assert "w" not in memory.residuals
+
+
+def test_compressor_ternary_round_trip_as_if_summed_over_two_ranks():
+    layout = core.lane_layout(2)
+    mask = torch.zeros(4, 6, dtype=torch.bool)
+    mask[:, ::2] = True
+    compressor = PacTrainCompressor(mask, lanes=layout)
+    grad = torch.randn(4, 6)
+    with pytest.raises(RuntimeError, match="compress_ternary"):
+        compressor.compress(grad)
+    ternary = torch.tensor([1, 0, -1, 1, 1, 0, -1, -1, 0, 0, 1, -1], dtype=torch.int8)
+    scale = torch.tensor(0.5)
+    words, ctx = compressor.compress_ternary(grad, ternary, scale, divisor=2.0)
+    assert words.dtype == torch.int32 and words.numel() == 2  # 12 values, 10 lanes per word
+    restored = compressor.decompress(words * 2, ctx)  # both ranks sent the same codes
+    torch.testing.assert_close(restored[mask], ternary.float() * 0.5)
+    assert torch.all(restored[~mask] == 0)
+    with pytest.raises(ValueError, match="packed=True"):
+        PacTrainCompressor(mask, packed=False, lanes=layout)
+
+
+def test_bits_per_value_counts_packed_tensors_only():
+    stats = StepStats(tensors={
+        "w": TensorStats(numel=1000, kept=100, packed=True, sent_bytes=10 * 4 + 4, dense_bytes=4000),
+        "b": TensorStats(numel=10, kept=10, packed=False, sent_bytes=40, dense_bytes=40),
+    })
+    report = stats.as_dict()
+    assert report["bits_per_value"] == pytest.approx(8 * 44 / 100)
+    assert report["tensors"]["b"]["bits_per_value"] == 32
+    assert StepStats().bits_per_value == 0
