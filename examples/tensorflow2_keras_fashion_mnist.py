@@ -35,8 +35,25 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--fp16", action="store_true", help="fp16 values on the wire (hvd.Compression.fp16)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per worker")
     parser.add_argument("--data-dir", default=None, help="folder with the IDX .gz files (default: Debian's)")
+    parser.add_argument("--logdir", default="runs/keras_fashion_mnist", help="TensorBoard folder ('' for none)")
     parser.add_argument("--result-json", default=None, help="write the final metrics here (rank 0)")
     return parser.parse_args()
+
+
+class WireScalars(tf.keras.callbacks.Callback):
+    """TensorBoard scalars of PacTrain's last step at the end of every epoch: sparsity, wire bytes, ratio."""
+
+    def __init__(self, logdir: str) -> None:
+        super().__init__()
+        self.writer = tf.summary.create_file_writer(os.path.join(logdir, "pactrain"))
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        stats = self.model.optimizer.stats()
+        with self.writer.as_default(step=epoch):
+            tf.summary.scalar("sparsity", stats["sparsity"])
+            tf.summary.scalar("wire_bytes_per_step", stats["sent_bytes"])
+            tf.summary.scalar("dense_bytes_per_step", stats["dense_bytes"])
+            tf.summary.scalar("compression_ratio", stats["compression_ratio"])
 
 
 args = parse_args()
@@ -89,7 +106,9 @@ callbacks = [
 ]
 
 # Horovod: write logs on worker 0 only.
-verbose = 2 if hvd.rank() == 0 else 0
+if hvd.rank() == 0 and args.logdir:
+    callbacks += [tf.keras.callbacks.TensorBoard(args.logdir), WireScalars(args.logdir)]
+verbose = 1 if hvd.rank() == 0 else 0
 model.fit(dataset, steps_per_epoch=args.steps_per_epoch, callbacks=callbacks, epochs=args.epochs, verbose=verbose)
 
 loss, accuracy = model.evaluate(test_images[..., None] / 255.0, test_labels, batch_size=1000, verbose=0)

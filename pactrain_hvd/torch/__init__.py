@@ -6,7 +6,7 @@ from pactrain_hvd.core import CheckpointError, MaskMismatchError
 from pactrain_hvd.torch.checkpoint import load_checkpoint, save_checkpoint
 from pactrain_hvd.torch.compression import PacTrainCompressor
 from pactrain_hvd.torch.elastic import PacTrainStateHandler  # registers itself with hvd.elastic.TorchState
-from pactrain_hvd.torch.optimizer import DistributedOptimizer, broadcast_masks
+from pactrain_hvd.torch.optimizer import DistributedOptimizer, broadcast_masks, broadcast_optimizer_state
 from pactrain_hvd.torch.pruning import Pruner, default_prunable
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "PacTrainStateHandler",
     "Pruner",
     "broadcast_masks",
+    "broadcast_optimizer_state",
     "default_prunable",
     "load_checkpoint",
     "save_checkpoint",

@@ -15,11 +15,9 @@ hold rank 0's optimizer state, masks and schedule position, and the Mask Tracker
 
 from __future__ import annotations
 
-import horovod.torch as hvd
-import torch
 from horovod.torch.elastic.state import OptimizerStateHandler, get_handler_registry, set_handler_registry
 
-from pactrain_hvd.torch.optimizer import DistributedOptimizer, broadcast_masks
+from pactrain_hvd.torch.optimizer import DistributedOptimizer, broadcast_optimizer_state
 
 
 class PacTrainStateHandler(OptimizerStateHandler):
@@ -32,17 +30,7 @@ class PacTrainStateHandler(OptimizerStateHandler):
     """
 
     def sync(self) -> None:
-        optimizer: DistributedOptimizer = self.value
-        parameters = [p for group in optimizer.param_groups for p in group["params"]]
-        # Broadcasting the wrapped optimizer's state keeps the collectives local to it; a rank
-        # with no state yet takes a local zero-gradient step to create it, which weight decay
-        # would apply to the weights, so they are put back afterwards.
-        weights = [p.detach().clone() for p in parameters]
-        hvd.broadcast_optimizer_state(optimizer.optimizer, root_rank=0)
-        with torch.no_grad():
-            for p, weight in zip(parameters, weights):
-                p.copy_(weight)
-        broadcast_masks(optimizer, root_rank=0)
+        broadcast_optimizer_state(self.value, root_rank=0)
 
 
 def register() -> None:

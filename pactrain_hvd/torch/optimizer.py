@@ -352,8 +352,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
             p.grad = grad
         return grad
 
+    def _follow_world_size(self) -> None:
+        """Lane width and the average's divisor follow the world size (Horovod elastic changes it)."""
+        size = self.process_set.size()
+        if size == self._ternary.layout.world_size:
+            return
+        layout = ternary_layout(size)
+        if layout is None:
+            raise RuntimeError(f"values='ternary': the world size changed to {size}, where lanes no longer pay; "
+                               "recreate the optimizer with values='fp16'")
+        self._ternary.layout = layout
+        for compressor in self._compressors.values():
+            if compressor.lanes is not None:
+                compressor.lanes = layout
+
     def _ternary_allreduce_async(self, params: list[torch.Tensor]) -> dict[torch.Tensor, tuple[Any, Any]]:
         """Start the ternary tensors' all-reduces, after one MAX all-reduce of their scales (blocking)."""
+        self._follow_world_size()
         tensors = [(self._names[p], self._local_grad(p), self._compressors[p]) for p in params]
         launched = self._ternary.allreduce_async(tensors, average=self.op == hvd.Average)
         for p, (_, _, words) in zip(params, launched):
@@ -569,3 +584,23 @@ def broadcast_masks(optimizer: DistributedOptimizer, root_rank: int = 0) -> None
     optimizer._step = int(header["step"])
     optimizer._install_masks(masks)
     optimizer._verify_if_pending()
+
+
+def broadcast_optimizer_state(optimizer: DistributedOptimizer, root_rank: int = 0) -> None:
+    """``hvd.broadcast_optimizer_state`` for our optimizer: optimizer state, masks and schedule position.
+
+    Horovod's own function, given our wrapper, initialises missing state with a collective,
+    counted ``step()`` of zero gradients (weight decay included). This one broadcasts the wrapped
+    optimizer's state instead, so a rank without state takes a local step; the weights are put
+    back afterwards, and the step counter does not move.
+    """
+    if not isinstance(optimizer, DistributedOptimizer):
+        raise TypeError(f"broadcast_optimizer_state needs a pactrain_hvd.torch.DistributedOptimizer, "
+                        f"got {type(optimizer).__name__}")
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    weights = [p.detach().clone() for p in parameters]
+    hvd.broadcast_optimizer_state(optimizer.optimizer, root_rank=root_rank)
+    with torch.no_grad():
+        for p, weight in zip(parameters, weights):
+            p.copy_(weight)
+    broadcast_masks(optimizer, root_rank=root_rank)

@@ -53,6 +53,7 @@ class Pruner:
         self.ranking = ranking
         self.process_set = process_set
         self.masks: dict[str, torch.Tensor] = {}
+        self.pruned: dict[str, torch.Tensor] = {}  # ~mask, kept so that steps do not allocate it
 
     def update(self, step: int) -> None:
         """Recompute masks at the schedule's target for ``step`` and verify them across ranks."""
@@ -75,6 +76,7 @@ class Pruner:
             name: torch.from_numpy(np.ascontiguousarray(mask)).to(self.parameters[name].device)
             for name, mask in masks.items()
         }
+        self.pruned = {name: ~mask for name, mask in self.masks.items()}
         self.apply_to_weights()
 
     def verify(self, masks: Mapping[str, np.ndarray] | None = None) -> None:
@@ -89,25 +91,25 @@ class Pruner:
     @torch.no_grad()
     def apply_to_weights(self) -> None:
         """Pruned weights become exactly 0 (+0.0), whatever the optimizer did."""
-        for name, mask in self.masks.items():
-            self.parameters[name].masked_fill_(~mask, 0)
+        for name, pruned in self.pruned.items():
+            self.parameters[name].masked_fill_(pruned, 0)
 
     @torch.no_grad()
     def mask_gradients(self) -> None:
-        for name, mask in self.masks.items():
+        for name, pruned in self.pruned.items():
             param = self.parameters[name]
             if param.grad is not None and param.grad.is_sparse:
                 param.grad = param.grad.to_dense()  # pruned tensors have dense gradients from now on
             if param.grad is not None:
-                param.grad.masked_fill_(~mask, 0)
+                param.grad.masked_fill_(pruned, 0)
 
     @torch.no_grad()
     def clear_optimizer_state(self, state: Mapping[torch.Tensor, dict]) -> None:
         """Zero momentum / Adam moments at pruned coordinates so nothing revives them."""
-        for name, mask in self.masks.items():
+        for name, pruned in self.pruned.items():
             for value in state.get(self.parameters[name], {}).values():
-                if torch.is_tensor(value) and value.shape == mask.shape:
-                    value.masked_fill_(~mask, 0)
+                if torch.is_tensor(value) and value.shape == pruned.shape:
+                    value.masked_fill_(pruned, 0)
 
     def sparsity(self) -> float:
         """Fraction of pruned coordinates over all prunable tensors."""

@@ -20,6 +20,7 @@ def tape_step(model, opt, state):
         tape = pt.DistributedGradientTape(tape, state=state)
         grads = tape.gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
+        state.enforce(model.trainable_variables)  # inside tf.function: pruned weights back to exactly 0
         return grads
 
     return step
@@ -90,6 +91,9 @@ def test_gradual_schedule_follows_cubic_targets_without_retracing():
     assert state.stats()["sparsity"] == pytest.approx(0.9, abs=0.01)
     assert state.step_count == 9
     assert step.experimental_get_tracing_count() == traces  # three more mask changes, no new trace
+    for name, variable in named(model.trainable_variables).items():
+        if name in history[-1]:
+            assert np.all(variable.numpy()[~history[-1][name]] == 0), f"pruned weights of {name} are not 0"
     assert_same_on_all_ranks(named(model.trainable_variables))
 
 

@@ -285,3 +285,25 @@ def test_horovod_broadcast_helpers_work_on_the_wrapper():
     assert_same_on_all_ranks(dict(model.named_parameters()))
     assert_same_on_all_ranks({f"{n}.{k}": v for n, p in opt._parameters.items()
                               for k, v in opt.state[p].items() if torch.is_tensor(v)}, "state")
+
+
+def test_pt_broadcast_optimizer_state_is_local_and_does_not_count_a_step():
+    model = make_model(seed=hvd.rank())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    def wrap():
+        inner = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+        return pt.DistributedOptimizer(inner, named_parameters=named(model, "bo"), sparsity=0.9, begin_step=0, end_step=0)
+
+    opt = wrap()
+    train(model, opt, 1)  # both ranks: state and masks exist
+    if hvd.rank() == 1:  # a rank that just joined: fresh optimizer, no state, no masks
+        opt = wrap()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    pt.broadcast_optimizer_state(opt, root_rank=0)
+    assert opt.step_count == 1 and len(opt.masks()) > 0
+    for name, p in model.named_parameters():  # the local init step's weight decay was undone
+        assert torch.equal(p, before[name]), name
+    assert_same_on_all_ranks({n: m.to(torch.uint8) for n, m in opt.masks().items()}, "masks")
+    assert_same_on_all_ranks({f"{n}.{k}": v for n, p in opt._parameters.items()
+                              for k, v in opt.state[p].items() if torch.is_tensor(v)}, "state")
