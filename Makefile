@@ -7,7 +7,7 @@ NP      ?= 2
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: install demo test lint accuracy clean
+.PHONY: install demo test lint accuracy bench clean
 
 $(STAMP): scripts/install.sh setup.py
 	bash scripts/install.sh
@@ -23,6 +23,10 @@ test: $(STAMP)
 
 accuracy: $(STAMP)
 	$(PY) scripts/accuracy.py
+
+# The benchmark on emulated links (root: network namespaces, tc); BENCH_ARGS=--quick for a short run.
+bench: $(STAMP)
+	$(PY) -m pactrain_hvd.bench $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
