@@ -60,6 +60,16 @@ def batches(steps: int, start: int = 0, size: int = 8) -> tuple[np.ndarray, np.n
     return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
 
 
+def compiled(model, opt):
+    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def fit(model, steps, start=0, callbacks=()):
+    x, y = batches(steps, start)
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=list(callbacks))
+
+
 def loss_fn(labels, logits):
     return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
 

@@ -5,21 +5,21 @@ import horovod.tensorflow.keras as hvd_keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import LEGACY_KERAS, assert_same_on_all_ranks, batch, batches, keras, loss_fn, make_model, named
+from conftest import (
+    LEGACY_KERAS,
+    assert_same_on_all_ranks,
+    batch,
+    compiled,
+    fit,
+    keras,
+    loss_fn,
+    make_model,
+    named,
+)
 
 import pactrain_hvd.tensorflow.keras as ptk
 from pactrain_hvd.core import num_to_keep
 from pactrain_hvd.tensorflow.pruning import optimizer_slots
-
-
-def compiled(model, opt):
-    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
-
-
-def fit(model, steps, start=0, callbacks=()):
-    x, y = batches(steps, start)
-    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=list(callbacks))
 
 
 def kernel_names(model):

@@ -4,7 +4,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import LEGACY_KERAS, assert_same_on_all_ranks, batches, keras, make_model, named
+from conftest import LEGACY_KERAS, assert_same_on_all_ranks, batches, compiled, fit, keras, make_model, named
 
 import pactrain_hvd.tensorflow as pt
 import pactrain_hvd.tensorflow.keras as ptk
@@ -13,16 +13,6 @@ STEPS = 4
 # Not imported under Keras 3: importing tfmot sets TF_USE_LEGACY_KERAS=1 for the whole process.
 needs_tf_keras = pytest.mark.skipif(not LEGACY_KERAS, reason="tfmot's prune_low_magnitude needs tf-keras 2 "
                                     "(TF_USE_LEGACY_KERAS=1); this run uses Keras 3")
-
-
-def compiled(model, opt):
-    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
-
-
-def fit(model, steps, start=0, callbacks=()):
-    x, y = batches(steps, start)
-    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=list(callbacks))
 
 
 def check_masks_kept_and_packed(model, opt, expected):
