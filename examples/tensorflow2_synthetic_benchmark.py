@@ -66,7 +66,6 @@ def benchmark_step() -> None:
     tape = pt.DistributedGradientTape(tape, state=state)
     gradients = tape.gradient(loss, model.trainable_variables)
     opt.apply_gradients(zip(gradients, model.trainable_variables))
-    state.enforce(model.trainable_variables)  # PacTrain: pruned weights back to exactly 0
 
 
 def log(text: str) -> None:

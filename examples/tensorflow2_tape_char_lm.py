@@ -104,7 +104,6 @@ def train_step(inputs: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
     tape = pt.DistributedGradientTape(tape, state=state)
     grads = tape.gradient(loss, model.trainable_variables)
     opt.apply_gradients(zip(grads, model.trainable_variables))
-    state.enforce(model.trainable_variables)  # PacTrain: pruned weights back to exactly 0
     return loss
 
 

@@ -10,7 +10,8 @@ How a step runs, in or out of ``tf.function``:
    verification): masks are recomputed from the weights with numpy (``core.magnitude_masks``,
    the same code as the torch frontend), verified across ranks, and written into TF variables.
    Eagerly it is a plain call; inside a traced function a ``tf.cond`` on the step counter runs
-   it through ``tf.py_function``, and every op of the step is ordered after it.
+   it through ``tf.py_function``, and every op of the step is ordered after it. Pruned weights
+   and optimizer slots are zeroed by graph ops, ordered before the optimizer's update.
 2. Per gradient, ``PacTrainCompressor`` reads its mask, surviving indices and plan from
    variables, so the traced graph stays valid across mask changes: nothing is retraced.
 3. Horovod all-reduces the packed vectors (no indices travel), the compressor scatters back.
@@ -42,7 +43,15 @@ from pactrain_hvd.core.config import DEFAULT_VERIFY_EVERY
 from pactrain_hvd.core.own_masks import schedule_sparsity
 from pactrain_hvd.tensorflow.compression import UNMASKED, PacTrainCompressor
 from pactrain_hvd.tensorflow.own_masks import PendingMasks, sync_tfmot_masks
-from pactrain_hvd.tensorflow.pruning import Prunable, Pruner, backing_variable, select_prunable, variable_names
+from pactrain_hvd.tensorflow.pruning import (
+    Prunable,
+    Pruner,
+    backing_variable,
+    build_optimizer,
+    optimizer_slots,
+    select_prunable,
+    variable_names,
+)
 
 _SUPPORTED_OPS = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Min: "Min", hvd.Max: "Max"}
 _OTHER_OPS = {hvd.Adasum: "Adasum", hvd.Product: "Product"}
@@ -272,8 +281,9 @@ class PacTrainState(tf.train.experimental.PythonState):
             self._restore(*_parse_state(blob))
 
     # -- maintenance: between steps, eagerly ----------------------------------------------------
-    def _install(self, masks: dict[str, np.ndarray]) -> None:
-        """New masks: zero pruned weights, rebuild the plan, clear optimizer slots (local only)."""
+    def _install(self, masks: dict[str, np.ndarray], zero_now: bool = True) -> None:
+        """New masks and plan (local only); ``zero_now``: zero what they prune, here and now (a
+        traced step does that with graph ops instead: see ``_communicate``)."""
         self._pruner.install(masks)
         sync_tfmot_masks(self._tfmot_masks, self._pruner.masks)
         cfg = self.config
@@ -283,25 +293,37 @@ class PacTrainState(tf.train.experimental.PythonState):
                                                       cfg.pack_max_density)
             compressor.set_mask(mask, packed)
             self._packed[name] = packed
-        if self.optimizer is not None:
-            self._pruner.clear_optimizer_slots(self.optimizer)
+        if zero_now:
+            self._zero_pruned()
+
+    def _zero_pruned(self) -> tf.Tensor:
+        """Pruned weights and their optimizer slots (momentum, Adam moments) become 0, so nothing
+        revives them; reads the mask variables, eagerly or as graph ops."""
+        for name, compressor in self._compressors.items():
+            weight = self._pruner.variables[name]
+            for variable in (weight, *optimizer_slots(self.optimizer, weight)):
+                variable.assign(tf.where(compressor.mask, variable, tf.zeros_like(variable)))
+        return tf.constant(True)
 
     def _mark_verify_pending(self) -> None:
         self._verify_pending = True
         self._next_due.assign(self._step.read_value())
 
-    def _maintain(self, step: int) -> None:
-        """Schedule update and/or Mask Tracker check due at ``step``; then when to come back."""
+    def _maintain(self, step: int, zero_now: bool = True) -> bool:
+        """Schedule update and/or Mask Tracker check due at ``step``; then when to come back.
+        Returns whether the masks changed."""
         cfg = self.config
-        if cfg.schedule.is_update_step(step):
+        changed = cfg.schedule.is_update_step(step)
+        if changed:
             if self.optimizer is None and not self._pruner.masks:
                 warnings.warn("PacTrainState has no optimizer: its slots (momentum, Adam moments) will not be "
                               "cleared at pruned coordinates. Pass optimizer=...", stacklevel=3)
-            self._install(self._pruner.compute(step))
+            self._install(self._pruner.compute(step), zero_now)
         elif self._verify_pending or (cfg.verify_every and step % cfg.verify_every == 0):
             self._pruner.verify()
         self._verify_pending = False
         self._next_due.assign(self._next_maintenance_after(step))
+        return changed
 
     def _next_maintenance_after(self, step: int) -> int:
         """The next step that needs ``_maintain``: a schedule update or a periodic verification."""
@@ -310,11 +332,10 @@ class PacTrainState(tf.train.experimental.PythonState):
             following.append((step // self.config.verify_every + 1) * self.config.verify_every)
         return min(following, default=_NEVER)
 
-    def _maintain_in_graph(self, step: tf.Tensor) -> tf.Tensor:
+    def _maintain_in_graph(self, step: tf.Tensor) -> bool:
         """The ``py_function`` body. TF re-raises a Python error from here as ``tf.errors.UnknownError``
         whose message carries it, e.g. ``MaskMismatchError: pruning masks differ across ranks: ...``."""
-        self._maintain(int(step))
-        return step
+        return self._maintain(int(step), zero_now=False)
 
     # -- the reduction ----------------------------------------------------------------------------
     @tf.autograph.experimental.do_not_convert
@@ -328,7 +349,11 @@ class PacTrainState(tf.train.experimental.PythonState):
             raise ValueError(f"got {len(grads)} gradients for {len(variables)} variables")
         grads = list(grads)
         shared = [i for i, v in enumerate(variables) if backing_variable(v).ref() not in self._local]
+        bound = len(self._names)
         positions = self.bind([variables[i] for i in shared])
+        if len(self._names) > bound:  # slots are cleared by ops traced before the optimizer's: create them now
+            with tf.init_scope():
+                build_optimizer(self.optimizer, variables)
         shared_grads = [grads[i] for i in shared]
         self._refuse_sparse_pruned(shared_grads, positions)
         if not tf.executing_eagerly():
@@ -363,11 +388,14 @@ class PacTrainState(tf.train.experimental.PythonState):
             dependencies = []
             if maintain:
                 step = self._step.read_value()
-                dependencies.append(tf.cond(
-                    tf.equal(step, self._next_due.read_value()),
-                    lambda: tf.py_function(self._maintain_in_graph, [step], tf.int64),
-                    lambda: step,
-                ))
+                changed = tf.cond(tf.equal(step, self._next_due.read_value()),
+                                  lambda: tf.ensure_shape(tf.py_function(self._maintain_in_graph, [step], tf.bool), []),
+                                  lambda: tf.constant(False))
+                # Zeroing is done by graph ops, not in the py_function: TF's automatic control
+                # dependencies order them after this step's reads of the weights and before the
+                # optimizer's update of weights and slots, which a py_function's writes are not.
+                with tf.control_dependencies([changed]):
+                    dependencies.append(tf.cond(changed, self._zero_pruned, lambda: tf.constant(False)))
             with tf.control_dependencies(dependencies):
                 reduced, sent = self._allreduce(grads, positions)
                 record = self._sent_bytes.assign(tf.stack(sent))

@@ -1,4 +1,4 @@
-"""Masks of the prunable variables: computed by magnitude, proven equal on every rank, enforced."""
+"""Masks of the prunable variables: computed by magnitude, proven equal on every rank."""
 
 from __future__ import annotations
 
@@ -92,6 +92,25 @@ def optimizer_slots(optimizer: Any, variable: Any) -> list[tf.Variable]:
     return slots
 
 
+def build_optimizer(optimizer: Any, variables: Sequence[Any]) -> None:
+    """Create the optimizer's slots now if it has none yet (call under ``tf.init_scope``).
+
+    A traced step clears slots at newly pruned coordinates with graph ops, so the slots must
+    exist when the step is traced: Keras would create them later in the same trace, inside
+    ``apply_gradients``, out of reach of ops traced before it.
+    """
+    if optimizer is None:
+        return
+    variables = list(variables)
+    if hasattr(optimizer, "get_slot_names"):  # tf-keras legacy optimizer: creates only missing slots
+        optimizer._create_all_weights(variables)
+    elif hasattr(optimizer, "stateless_apply"):  # Keras 3
+        if not optimizer.built:
+            optimizer.build(variables)
+    elif hasattr(optimizer, "build") and not getattr(optimizer, "_built", False):  # tf-keras 2
+        optimizer.build(variables)
+
+
 class Pruner:
     """What persists between steps for pruning: the host masks, and the Mask Tracker check.
 
@@ -132,11 +151,8 @@ class Pruner:
                 for name, mask in masks.items()}
 
     def install(self, masks: Mapping[str, np.ndarray]) -> None:
-        """Replace all masks with validated host masks and zero the pruned weights (local only)."""
+        """Replace all masks with validated host masks (the variables are zeroed by the caller)."""
         self.masks = {name: np.array(mask, dtype=np.bool_) for name, mask in masks.items()}
-        for name, mask in self.masks.items():
-            weight = self.variables[name]
-            weight.assign(tf.where(mask, weight, tf.zeros_like(weight)))
 
     def verify(self, masks: Mapping[str, np.ndarray] | None = None) -> None:
         """Mask Tracker: allgather (count, hash) per tensor; raise on any disagreement."""
@@ -146,19 +162,6 @@ class Pruner:
         check_fingerprints(names, gathered.numpy(), self.process_set.size(),
                            "Masks are computed from the weights: broadcast the variables from one rank before the first "
                            "step, and after loading a checkpoint on one rank call pactrain_hvd.tensorflow.broadcast_masks.")
-
-    def clear_optimizer_slots(self, optimizer: Any) -> None:
-        """Zero momentum / Adam moments at pruned coordinates so nothing revives them.
-
-        Before the optimizer's first update its slots hold no history (and, built inside a
-        first trace, may not even be initialized yet): then there is nothing to clear.
-        """
-        iterations = getattr(optimizer, "iterations", None)
-        if iterations is not None and int(tf.convert_to_tensor(iterations)) == 0:
-            return
-        for name, mask in self.masks.items():
-            for slot in optimizer_slots(optimizer, self.variables[name]):
-                slot.assign(tf.where(mask, slot, tf.zeros_like(slot)))
 
     def sparsity(self) -> float:
         """Fraction of pruned coordinates over all prunable tensors."""

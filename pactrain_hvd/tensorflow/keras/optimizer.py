@@ -54,12 +54,8 @@ class _PacTrainOptimizer:
         self.pactrain_state.register_local(var)
 
     def _reduce_then_apply(self, grads: Sequence[Any], variables: list[Any], apply: Callable[[list[Any]], Any]) -> Any:
-        reduced = self.pactrain_state.reduce(list(grads), variables)
-        # Every op of the update (slot reads included) follows the reduction, hence any mask change.
-        ready = [g for g in tf.nest.flatten(reduced, expand_composites=True) if g is not None]
-        with tf.control_dependencies(ready):
-            result = apply(reduced)
-        self.pactrain_state.enforce(variables)
+        result = apply(self.pactrain_state.reduce(list(grads), variables))
+        self.pactrain_state.enforce(variables)  # whatever the optimizer does with zero gradients
         return result
 
 
@@ -69,11 +65,6 @@ class _Keras3Apply(_PacTrainOptimizer):
         if len(grads) == 0 or (trainable_variables is None and not self.built):
             return super().apply(grads, trainable_variables)  # Keras' own no-op or error
         variables = list(self._trainable_variables if trainable_variables is None else trainable_variables)
-        if not self.built:
-            # Keras 3 would build inside the traced step; slots made there are not yet initialized
-            # when the maintenance py_function of the first step reads them. Build them eagerly.
-            with tf.init_scope():
-                self.build(variables)
         base_apply = super().apply
         return self._reduce_then_apply(grads, variables, lambda reduced: base_apply(reduced, trainable_variables))
 

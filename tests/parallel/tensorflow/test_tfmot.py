@@ -101,7 +101,6 @@ def test_masks_dict_on_the_tape():
         tape = pt.DistributedGradientTape(tape, state=state)
         grads = tape.gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
-        state.enforce(model.trainable_variables)
     check_masks_kept_and_packed(model, state, expected)
 
 
