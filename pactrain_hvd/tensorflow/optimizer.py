@@ -441,8 +441,8 @@ class PacTrainState(tf.train.experimental.PythonState):
         return 1.0, 1.0
 
     def _reduce_wires(self, wires: list[tf.Tensor], positions: list[int]) -> list[tf.Tensor]:
-        if self.process_set.size() == 1 or not wires:
-            return wires  # single process: still masked and packed, nothing to exchange
+        if not wires:
+            return wires  # (a single process still goes through Horovod: an elastic job may grow)
         prescale, postscale = self._scale_factors()
         common = dict(op=self.op, prescale_factor=prescale, postscale_factor=postscale, process_set=self.process_set)
         if self.groups is None:
@@ -551,7 +551,8 @@ def broadcast_masks(state: Any, root_rank: int = 0) -> None:
     """Give every rank ``root_rank``'s masks and schedule position (start and resume); collective.
 
     ``state``: a ``PacTrainState``, or an optimizer or tape that has one (``.pactrain_state``).
-    Use next to ``hvd.broadcast_variables``.
+    Use next to ``hvd.broadcast_variables``. The Mask Tracker proves the result before the next
+    all-reduce (not here: a rank that joined an elastic job may not be bound to its variables yet).
     """
     state = getattr(state, "pactrain_state", state)
     if not isinstance(state, PacTrainState):
@@ -559,9 +560,6 @@ def broadcast_masks(state: Any, root_rank: int = 0) -> None:
                         f"{type(state).__name__}")
     blob = hvd.broadcast_object(state.serialize(), root_rank, name="pactrain.state", process_set=state.process_set)
     state.deserialize(blob)
-    if state._names:
-        state.verify()
-        state._verify_pending = False
 
 
 class DistributedGradientTape:
