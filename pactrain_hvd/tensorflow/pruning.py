@@ -92,6 +92,12 @@ def optimizer_slots(optimizer: Any, variable: Any) -> list[tf.Variable]:
     return slots
 
 
+def optimizer_variables(optimizer: Any) -> list[Any]:
+    """Keras 3: a list property; tf-keras 2: a callable list; legacy optimizers: a method."""
+    variables = getattr(optimizer, "variables", [])
+    return list(variables() if callable(variables) else variables)
+
+
 def build_optimizer(optimizer: Any, variables: Sequence[Any]) -> None:
     """Create the optimizer's slots now if it has none yet (call under ``tf.init_scope``).
 

@@ -3,7 +3,7 @@
 The elastic part is Horovod's documented pattern, unchanged: ``hvd.elastic.TorchState(model=...,
 optimizer=...)``, ``@hvd.elastic.run``, ``state.commit()`` every few steps. Everything else is
 instrumentation: one JSON line per event in ``<out>/log.<pid>.jsonl``, final weights and masks in
-``<out>/final.rank<r>.pt``, and the victim's PID in ``<out>/victim.pid``.
+``<out>/final.rank<r>.npz``, and the victim's PID in ``<out>/victim.pid``.
 
 Timeline with the defaults: masks change at steps 2, 5, 8, 11, 14, 17, 20; commits after steps
 4, 8, 12, ...; in its first life rank 1 stops before step 10 and waits for SIGKILL, so the survivor
@@ -18,6 +18,7 @@ import os
 import time
 
 import horovod.torch as hvd
+import numpy as np
 import torch
 
 import pactrain_hvd.torch as pt
@@ -105,5 +106,6 @@ state = hvd.elastic.TorchState(model=model, optimizer=opt, step=0)
 state.register_reset_callbacks([lambda: snapshot(state, "reset")])
 train(state)
 snapshot(state, "done")
-torch.save({"rank": hvd.rank(), "size": hvd.size(), "step": state.step, "model": model.state_dict(),
-            "masks": opt.masks(), "opt_step": opt.step_count}, os.path.join(args.out, f"final.rank{hvd.rank()}.pt"))
+np.savez(os.path.join(args.out, f"final.rank{hvd.rank()}.npz"), rank=hvd.rank(), size=hvd.size(), step=state.step,
+         opt_step=opt.step_count, **{f"weight|{k}": v.numpy() for k, v in model.state_dict().items()},
+         **{f"mask|{k}": v.numpy() for k, v in opt.masks().items()})

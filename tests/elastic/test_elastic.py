@@ -1,5 +1,8 @@
 """Horovod elastic: SIGKILL one of two workers mid-run; training rolls back to the last commit and finishes.
 
+The same timeline for PyTorch (``hvd.elastic.TorchState``), Keras 3 and tf-keras 2
+(``ptk.elastic.KerasState``).
+
 Two host names that both mean this machine (``localhost:1``, ``127.0.0.1:1``) from a discovery
 script: Horovod blacklists the host of a failed worker, and with a single host name it would
 blacklist the whole job. ``--blacklist-cooldown-range 1 2`` brings the killed worker's host back
@@ -14,11 +17,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
-import torch
 
-WORKER = Path(__file__).with_name("elastic_worker.py")
+WORKERS = {  # frontend: (worker script, extra environment)
+    "torch": ("elastic_worker.py", {}),
+    "keras3": ("keras_elastic_worker.py", {}),
+    "tf-keras2": ("keras_elastic_worker.py", {"TF_USE_LEGACY_KERAS": "1"}),
+}
 HOROVODRUN = Path(sys.executable).with_name("horovodrun")
 STEPS, COMMIT_EVERY, KILL_AT, REJOIN_BY = 24, 4, 10, 12
 TIMEOUT_S = 300
@@ -32,7 +39,7 @@ def read_logs(out: Path) -> dict[int, list[dict]]:
     return logs
 
 
-def kill_tree(launcher: subprocess.Popen, out: Path) -> None:
+def kill_tree(launcher: subprocess.Popen, out: Path, worker: Path) -> None:
     """Kill horovodrun, its descendants (workers run in sessions of their own) and every logged worker."""
     pids = {launcher.pid}
     try:
@@ -41,7 +48,7 @@ def kill_tree(launcher: subprocess.Popen, out: Path) -> None:
         pass
     for pid in read_logs(out):
         try:
-            if str(WORKER) in " ".join(psutil.Process(pid).cmdline()):
+            if str(worker) in " ".join(psutil.Process(pid).cmdline()):
                 pids.add(pid)
         except psutil.NoSuchProcess:
             pass
@@ -53,8 +60,20 @@ def kill_tree(launcher: subprocess.Popen, out: Path) -> None:
     launcher.wait(timeout=30)
 
 
+def load_final(path: Path) -> tuple[dict, dict, dict]:
+    """(counters, weights, masks) a worker saved at the end."""
+    with np.load(path) as saved:
+        counters = {key: int(saved[key]) for key in ("step", "opt_step", "size")}
+        weights = {key.split("|", 1)[1]: saved[key] for key in saved.files if key.startswith("weight|")}
+        masks = {key.split("|", 1)[1]: saved[key] for key in saved.files if key.startswith("mask|")}
+    return counters, weights, masks
+
+
 @pytest.mark.skipif(not HOROVODRUN.exists(), reason="horovodrun is not installed beside this Python")
-def test_kill_one_worker_rolls_back_to_commit_and_the_rejoined_worker_gets_the_masks(tmp_path):
+@pytest.mark.parametrize("frontend", sorted(WORKERS))
+def test_kill_one_worker_rolls_back_to_commit_and_the_rejoined_worker_gets_the_masks(tmp_path, frontend):
+    script, extra_env = WORKERS[frontend]
+    worker = Path(__file__).with_name(script)
     out = tmp_path / "out"
     out.mkdir()
     discovery = tmp_path / "discover.sh"
@@ -62,12 +81,12 @@ def test_kill_one_worker_rolls_back_to_commit_and_the_rejoined_worker_gets_the_m
     discovery.chmod(0o755)
     command = [str(HOROVODRUN), "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script", str(discovery),
                "--blacklist-cooldown-range", "1", "2", "--gloo",
-               sys.executable, str(WORKER), "--out", str(out), "--steps", str(STEPS),
+               sys.executable, str(worker), "--out", str(out), "--steps", str(STEPS),
                "--commit-every", str(COMMIT_EVERY), "--kill-at", str(KILL_AT), "--rejoin-by", str(REJOIN_BY)]
     # A joining worker spends tens of seconds importing torch on a loaded machine while the survivor
     # waits for it in hvd.init(); Gloo's default rendezvous timeout is 30 s.
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               HOROVOD_GLOO_TIMEOUT_SECONDS=os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "180"))
+               HOROVOD_GLOO_TIMEOUT_SECONDS=os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "180"), **extra_env)
     with open(tmp_path / "horovodrun.log", "w") as launcher_log:
         launcher = subprocess.Popen(command, stdout=launcher_log, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
@@ -80,7 +99,7 @@ def test_kill_one_worker_rolls_back_to_commit_and_the_rejoined_worker_gets_the_m
         os.kill(victim, signal.SIGKILL)
         returncode = launcher.wait(timeout=max(1.0, deadline - time.time()))
     finally:
-        kill_tree(launcher, out)
+        kill_tree(launcher, out, worker)
     assert returncode == 0, (tmp_path / "horovodrun.log").read_text()[-6000:]
 
     logs = read_logs(out)
@@ -119,13 +138,15 @@ def test_kill_one_worker_rolls_back_to_commit_and_the_rejoined_worker_gets_the_m
     assert after[survivor] == after[rejoined[0]]
     assert len({masks for _, masks in after[survivor]}) >= 3
 
-    finals = [torch.load(out / f"final.rank{rank}.pt") for rank in (0, 1)]
-    for final in finals:
-        assert (final["step"], final["opt_step"], final["size"]) == (STEPS, STEPS, 2)
-    for name, tensor in finals[0]["model"].items():
-        assert torch.equal(tensor, finals[1]["model"][name]), name
-    assert finals[0]["masks"].keys() == finals[1]["masks"].keys() == {"0.weight", "2.weight", "4.weight"}
-    for name, mask in finals[0]["masks"].items():
-        assert torch.equal(mask, finals[1]["masks"][name]), name
-        assert abs(mask.float().mean().item() - 0.1) < 0.01, name  # final sparsity 0.9
-        assert torch.count_nonzero(finals[0]["model"][name][~mask]) == 0, name
+    finals = [load_final(out / f"final.rank{rank}.npz") for rank in (0, 1)]
+    for counters, _, _ in finals:
+        assert counters == {"step": STEPS, "opt_step": STEPS, "size": 2}
+    (_, weights, masks), (_, other_weights, other_masks) = finals
+    assert weights.keys() == other_weights.keys()
+    for name, weight in weights.items():
+        np.testing.assert_array_equal(weight, other_weights[name], err_msg=name)
+    assert masks.keys() == other_masks.keys() and len(masks) == 3  # the three weight matrices
+    for name, mask in masks.items():
+        np.testing.assert_array_equal(mask, other_masks[name], err_msg=name)
+        assert abs(mask.mean() - 0.1) < 0.01, name  # final sparsity 0.9
+        assert np.count_nonzero(weights[name][~mask]) == 0, name

@@ -2,7 +2,7 @@
 
 from horovod.tensorflow.compression import Compression
 
-from pactrain_hvd.tensorflow.keras import callbacks
+from pactrain_hvd.tensorflow.keras import callbacks, elastic
 from pactrain_hvd.tensorflow.keras.optimizer import DistributedOptimizer
 
-__all__ = ["Compression", "DistributedOptimizer", "callbacks"]
+__all__ = ["Compression", "DistributedOptimizer", "callbacks", "elastic"]

@@ -8,13 +8,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from pactrain_hvd.tensorflow.optimizer import broadcast_masks
-from pactrain_hvd.tensorflow.pruning import backing_variable
-
-
-def _optimizer_variables(optimizer: Any) -> list[Any]:
-    """Keras 3: a list property; tf-keras 2: a callable list; legacy optimizers: a method."""
-    variables = getattr(optimizer, "variables", [])
-    return list(variables() if callable(variables) else variables)
+from pactrain_hvd.tensorflow.pruning import backing_variable, optimizer_variables
 
 
 class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
@@ -53,7 +47,7 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._broadcast(list(self.model.variables))
         optimizer = self.model.optimizer
-        self._broadcast(_optimizer_variables(optimizer))
+        self._broadcast(optimizer_variables(optimizer))
         state = getattr(optimizer, "pactrain_state", None)
         if state is not None:
             state.bind(self.model.trainable_variables)
@@ -62,7 +56,7 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if not self._first_batch_done:
             self._first_batch_done = True
-            self._broadcast(_optimizer_variables(self.model.optimizer))
+            self._broadcast(optimizer_variables(self.model.optimizer))
 
 
 class MetricAverageCallback(tf.keras.callbacks.Callback):
