@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=42, help="random seed")
     parser.add_argument("--fp16", "--fp16-allreduce", dest="fp16", action="store_true",
                         help="fp16 values on the wire (hvd.Compression.fp16)")
+    parser.add_argument("--values", choices=("fp32", "fp16", "ternary"), default="fp32",
+                        help="how PacTrain sends packed (surviving) values; fp32 leaves them to --fp16")
     parser.add_argument("--sparsity", type=float, default=0.9, help="final PacTrain sparsity; 0 is plain Horovod")
     parser.add_argument("--prune-begin", type=int, default=None, help="first pruning step (default: 10%% of the run)")
     parser.add_argument("--prune-end", type=int, default=None, help="last pruning step (default: 60%% of the run)")
@@ -212,7 +214,8 @@ def main(argv: list[str] | None = None) -> dict:
     compression = hvd.Compression.fp16 if args.fp16 else hvd.Compression.none
     # The PacTrain line: was hvd.DistributedOptimizer(optimizer, named_parameters=..., compression=...).
     optimizer = pt.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), compression=compression,
-                                        sparsity=args.sparsity, begin_step=begin, end_step=end, frequency=frequency)
+                                        sparsity=args.sparsity, begin_step=begin, end_step=end, frequency=frequency,
+                                        values=args.values)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer.optimizer, T_max=max(total_steps, 1))
@@ -221,7 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
     if hvd.rank() == 0:
         print(f"char LM on {hvd.size()} workers: {len(text)} characters, vocabulary {vocab.size}, "
               f"{sum(p.numel() for p in model.parameters())} parameters, {total_steps} steps, sparsity {args.sparsity} "
-              f"(prune steps {begin}..{end} every {frequency}), fp16 {args.fp16}", flush=True)
+              f"(prune steps {begin}..{end} every {frequency}), fp16 {args.fp16}, values {args.values}", flush=True)
     state = {"step": 0, "tally": WireTally(), "scheduler": scheduler, "device": device,
              "rng": np.random.default_rng([args.seed, hvd.rank()])}
     history = []
@@ -241,7 +244,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     last = history[-1] if history else {}
     result = dict(
-        example="char_lm", world_size=hvd.size(), sparsity_target=args.sparsity, fp16=args.fp16,
+        example="char_lm", world_size=hvd.size(), sparsity_target=args.sparsity, fp16=args.fp16, values=args.values,
         epochs=len(history), batch_size=args.batch_size, block_size=args.block_size, seed=args.seed,
         prune_schedule=[begin, end, frequency], sparsity=optimizer.stats()["sparsity"],
         val_loss=last.get("val_loss"), val_perplexity=last.get("val_perplexity"), train_loss=last.get("train_loss"),

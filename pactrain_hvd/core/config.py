@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pactrain_hvd.core.plan import DEFAULT_MAX_DENSITY, DEFAULT_MIN_NUMEL
 from pactrain_hvd.core.schedule import PolynomialSchedule
@@ -10,6 +11,19 @@ from pactrain_hvd.core.schedule import PolynomialSchedule
 # Re-proving masks costs one small allgather plus a hash of the surviving positions; every
 # 100 steps it stays far below 1 % of training time (README, "What packing costs", "Mask Tracker": 0.01 % on ResNet-18).
 DEFAULT_VERIFY_EVERY = 100
+VALUE_ENCODINGS = ("fp32", "fp16", "ternary")  # how packed (surviving) values travel
+
+
+def check_values(values: Any, op_name: str, grouped: bool) -> None:
+    """``values`` with the reduction it goes with: ternary codes are summed as integers (so Average
+    or Sum only) and all ternary tensors travel together after the MAX all-reduce of their scales."""
+    if values not in VALUE_ENCODINGS:
+        raise ValueError(f"values must be one of {', '.join(map(repr, VALUE_ENCODINGS))}, got {values!r}")
+    if values == "ternary" and op_name not in ("Average", "Sum"):
+        raise ValueError(f"values='ternary' sums integer codes: op must be hvd.Average or hvd.Sum, got {op_name}")
+    if values == "ternary" and grouped:
+        raise ValueError("values='ternary' cannot be combined with groups: ternary tensors already travel together, "
+                         "after one MAX all-reduce of their scales")
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from pactrain_hvd.core import (
     check_saved_world_size,
     should_pack,
 )
-from pactrain_hvd.core.config import DEFAULT_VERIFY_EVERY
+from pactrain_hvd.core.config import DEFAULT_VERIFY_EVERY, check_values
 from pactrain_hvd.core.lanes import SCALE_BYTES, ternary_layout
 from pactrain_hvd.core.own_masks import schedule_sparsity
 from pactrain_hvd.torch.compression import PacTrainCompressor
@@ -37,7 +37,6 @@ from pactrain_hvd.torch.own_masks import resolve_masks, sync_prune_buffers, warn
 from pactrain_hvd.torch.pruning import Prunable, Pruner, select_prunable
 from pactrain_hvd.torch.ternary import TernaryReduction
 
-VALUE_ENCODINGS = ("fp32", "fp16", "ternary")
 _SUPPORTED_OPS = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Min: "Min", hvd.Max: "Max"}
 _OTHER_OPS = {hvd.Adasum: "Adasum", hvd.Product: "Product"}
 # Horovod's torch all-reduce carries fp16/fp32/fp64 gradients (bf16 travels as fp32, see compression.py);
@@ -71,16 +70,6 @@ def _named_parameters(optimizer: torch.optim.Optimizer, named_parameters: Iterab
     if stray:
         raise ValueError(f"named_parameters names parameters the optimizer does not update: {', '.join(stray)}")
     return dict(sorted(pairs, key=lambda pair: pair[0]))
-
-
-def _check_values(values: Any, op: int, groups: Any) -> None:
-    if values not in VALUE_ENCODINGS:
-        raise ValueError(f"values must be one of {', '.join(map(repr, VALUE_ENCODINGS))}, got {values!r}")
-    if values == "ternary" and op not in (hvd.Average, hvd.Sum):
-        raise ValueError(f"values='ternary' sums integer codes: op must be hvd.Average or hvd.Sum, got {_SUPPORTED_OPS[op]}")
-    if values == "ternary" and groups is not None:
-        raise ValueError("values='ternary' cannot be combined with groups: ternary tensors already travel together, "
-                         "started in synchronize()")
 
 
 def _check_dtypes(parameters: dict[str, torch.Tensor]) -> None:
@@ -163,7 +152,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("gradient_predivide_factor not supported with op != Average")
         if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
             raise ValueError("groups should be a positive integer or a list of lists of torch.Tensor")
-        _check_values(values, op, groups)
+        check_values(values, _SUPPORTED_OPS[op], groups is not None)
         _require_initialized()
         self._optimizer = optimizer
         self._parameters = _named_parameters(optimizer, named_parameters)
@@ -501,7 +490,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """The wrapped optimizer's state dict plus ``"pactrain"``: schedule position and masks."""
+        """The wrapped optimizer's state dict plus ``"pactrain"``: schedule position and masks, and
+        with ``values="ternary"`` this rank's error memory and rounding noise (``"ternary"``)."""
         state = self._optimizer.state_dict()
         state["pactrain"] = {
             "step": self._step,
@@ -509,12 +499,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
             "world_size": _world_size(self.process_set),
             "masks": {name: mask.cpu().clone() for name, mask in self._pruner.masks.items()},
         }
+        if self._ternary is not None:
+            state["pactrain"]["ternary"] = self._ternary.state_dict()
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Restore optimizer state, masks and schedule position; validated before anything changes.
 
         Local (no communication), so it may run on one rank: then call ``broadcast_masks``.
+        Ternary error memory and noise are per rank: they are restored only on the rank that
+        saved them (for an exact resume every rank saves and loads its own checkpoint).
         """
         state_dict = dict(state_dict)
         pactrain = state_dict.pop("pactrain", None)
@@ -532,6 +526,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             current = _world_size(self.process_set)
             if current is not None:
                 check_saved_world_size(pactrain.get("world_size"), current)
+            ternary = self._saved_ternary(pactrain.get("ternary"), masks)
         self._handles = {}
         self._synchronized = False
         self._should_synchronize = True
@@ -540,12 +535,38 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if masks is not None:
             self._step = int(step)
             self._install_masks(masks)
+            if ternary is not None:
+                self._ternary.noise.load_state_dict(ternary["noise"])
+                devices = {name: p.device for name, p in self._parameters.items()}
+                self._ternary.memory.residuals = {
+                    name: residual.to(devices[name]) for name, residual in ternary["residuals"].items()
+                    if self._compressors[self._parameters[name]].lanes is not None}
+
+    def _saved_ternary(self, saved: Any, masks: dict[str, np.ndarray]) -> dict | None:
+        """The checkpoint's ternary entry if this rank wrote it and this optimizer sends ternary values."""
+        if saved is None or self._ternary is None:
+            return None
+        if not isinstance(saved, dict) or not {"rank", "noise", "residuals"} <= set(saved):
+            raise CheckpointError("the 'ternary' entry of the 'pactrain' state needs 'rank', 'noise' and 'residuals'")
+        rank = _rank(self.process_set)
+        if rank is not None and saved["rank"] != rank:
+            return None
+        self._ternary.memory.validate(saved["residuals"], {name: int(mask.sum()) for name, mask in masks.items()})
+        return saved
 
 
 def _world_size(process_set: hvd.ProcessSet) -> int | None:
     """None while Horovod is down (an elastic restore runs between a failure and the re-init)."""
     try:
         return process_set.size()
+    except (ValueError, RuntimeError):
+        return None
+
+
+def _rank(process_set: hvd.ProcessSet) -> int | None:
+    """This process's rank, or None while Horovod is down (as ``_world_size``)."""
+    try:
+        return process_set.rank()
     except (ValueError, RuntimeError):
         return None
 

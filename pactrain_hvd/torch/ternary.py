@@ -14,6 +14,7 @@ import horovod.torch as hvd
 import torch
 from horovod.torch.mpi_ops import allreduce_async_
 
+from pactrain_hvd.core import CheckpointError
 from pactrain_hvd.core.lanes import LaneLayout
 from pactrain_hvd.torch.compression import PacTrainCompressor
 from pactrain_hvd.torch.lanes import stochastic_ternary
@@ -47,6 +48,18 @@ class ErrorFeedback:
         dense.index_copy_(0, old_indices, residual)
         self.residuals[name] = dense.index_select(0, new_indices)
 
+    def validate(self, residuals: Any, kept: dict[str, int]) -> dict[str, torch.Tensor]:
+        """Saved residuals, checked against the surviving counts of the masks they go with."""
+        if not isinstance(residuals, dict):
+            raise CheckpointError(f"ternary residuals must be a dict of name -> tensor, got {type(residuals).__name__}")
+        for name, residual in residuals.items():
+            if not (isinstance(residual, torch.Tensor) and residual.is_floating_point() and residual.dim() == 1):
+                raise CheckpointError(f"ternary residual of {name!r} must be a 1-D float tensor")
+            if residual.numel() != kept.get(name):
+                raise CheckpointError(f"ternary residual of {name!r} has {residual.numel()} values, its mask keeps "
+                                      f"{kept.get(name, 'no')} coordinates")
+        return residuals
+
 
 class NoiseSource:
     """Uniform [0, 1) noise for stochastic rounding; one generator per device."""
@@ -56,10 +69,20 @@ class NoiseSource:
         self._generators: dict[torch.device, torch.Generator] = {}
 
     def uniform(self, count: int, device: torch.device) -> torch.Tensor:
+        return torch.rand(count, generator=self._generator(device), device=device)
+
+    def _generator(self, device: torch.device) -> torch.Generator:
         generator = self._generators.get(device)
         if generator is None:
             generator = self._generators[device] = torch.Generator(device=device).manual_seed(self.seed)
-        return torch.rand(count, generator=generator, device=device)
+        return generator
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {str(device): generator.get_state() for device, generator in self._generators.items()}
+
+    def load_state_dict(self, states: dict[str, torch.Tensor]) -> None:
+        for device, state in states.items():
+            self._generator(torch.device(device)).set_state(state)
 
 
 class TernaryReduction:
@@ -77,6 +100,11 @@ class TernaryReduction:
         self.process_set = process_set
         self.memory = ErrorFeedback()
         self.noise = NoiseSource(_NOISE_SEED + process_set.rank())
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's error memory and rounding noise: what an exact resume needs besides the masks."""
+        return {"rank": self.process_set.rank(), "noise": self.noise.state_dict(),
+                "residuals": {name: r.detach().cpu().clone() for name, r in self.memory.residuals.items()}}
 
     def allreduce_async(self, tensors: list[tuple[str, torch.Tensor, PacTrainCompressor]],
                         average: bool) -> list[tuple[Any, Any, torch.Tensor]]:

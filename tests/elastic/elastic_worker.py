@@ -30,6 +30,7 @@ parser.add_argument("--commit-every", type=int, default=4)
 parser.add_argument("--kill-at", type=int, default=10)
 parser.add_argument("--rejoin-by", type=int, default=12, help="alone from this commit on, wait for the second worker")
 parser.add_argument("--rejoin-timeout", type=float, default=90.0)
+parser.add_argument("--values", default="fp32", help="ternary: lane width follows the world size")
 args = parser.parse_args()
 
 torch.set_num_threads(1)
@@ -57,12 +58,13 @@ model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.L
                             torch.nn.Linear(64, 4))
 opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3),
                               named_parameters=model.named_parameters(), sparsity=0.9, begin_step=2, end_step=20,
-                              frequency=3, pack_min_numel=0)
+                              frequency=3, pack_min_numel=0, values=args.values)
 
 
 def snapshot(state, event: str, **fields) -> None:
+    lanes = opt._ternary.layout.lanes if opt._ternary is not None else None  # int32 lanes per word
     log(event, rank=hvd.rank(), size=hvd.size(), step=state.step, opt_step=opt.step_count, masks=fingerprint(opt),
-        **fields)
+        lanes=lanes, **fields)
 
 
 def wait_to_be_killed() -> None:

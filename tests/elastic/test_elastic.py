@@ -21,10 +21,11 @@ import numpy as np
 import psutil
 import pytest
 
-WORKERS = {  # frontend: (worker script, extra environment)
-    "torch": ("elastic_worker.py", {}),
-    "keras3": ("keras_elastic_worker.py", {}),
-    "tf-keras2": ("keras_elastic_worker.py", {"TF_USE_LEGACY_KERAS": "1"}),
+WORKERS = {  # case: (worker script, extra environment, extra arguments)
+    "torch": ("elastic_worker.py", {}, []),
+    "torch-ternary": ("elastic_worker.py", {}, ["--values", "ternary"]),
+    "keras3": ("keras_elastic_worker.py", {}, []),
+    "tf-keras2": ("keras_elastic_worker.py", {"TF_USE_LEGACY_KERAS": "1"}, []),
 }
 HOROVODRUN = Path(sys.executable).with_name("horovodrun")
 STEPS, COMMIT_EVERY, KILL_AT, REJOIN_BY = 24, 4, 10, 12
@@ -72,7 +73,7 @@ def load_final(path: Path) -> tuple[dict, dict, dict]:
 @pytest.mark.skipif(not HOROVODRUN.exists(), reason="horovodrun is not installed beside this Python")
 @pytest.mark.parametrize("frontend", sorted(WORKERS))
 def test_kill_one_worker_rolls_back_to_commit_and_the_rejoined_worker_gets_the_masks(tmp_path, frontend):
-    script, extra_env = WORKERS[frontend]
+    script, extra_env, extra_args = WORKERS[frontend]
     worker = Path(__file__).with_name(script)
     out = tmp_path / "out"
     out.mkdir()
@@ -82,7 +83,8 @@ def test_kill_one_worker_rolls_back_to_commit_and_the_rejoined_worker_gets_the_m
     command = [str(HOROVODRUN), "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script", str(discovery),
                "--blacklist-cooldown-range", "1", "2", "--gloo",
                sys.executable, str(worker), "--out", str(out), "--steps", str(STEPS),
-               "--commit-every", str(COMMIT_EVERY), "--kill-at", str(KILL_AT), "--rejoin-by", str(REJOIN_BY)]
+               "--commit-every", str(COMMIT_EVERY), "--kill-at", str(KILL_AT), "--rejoin-by", str(REJOIN_BY),
+               *extra_args]
     # A joining worker spends tens of seconds importing torch on a loaded machine while the survivor
     # waits for it in hvd.init(); Gloo's default rendezvous timeout is 30 s.
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -137,6 +139,9 @@ def test_kill_one_worker_rolls_back_to_commit_and_the_rejoined_worker_gets_the_m
              for pid in (survivor, rejoined[0])}
     assert after[survivor] == after[rejoined[0]]
     assert len({masks for _, masks in after[survivor]}) >= 3
+    if frontend == "torch-ternary":  # ternary lanes follow the world size: 10 per word for 2 ranks, 15 alone
+        lanes = {(e["size"], e["lanes"]) for e in survivor_events if e["event"] == "step"}
+        assert lanes == {(2, 10), (1, 15)}, lanes
 
     finals = [load_final(out / f"final.rank{rank}.npz") for rank in (0, 1)]
     for counters, _, _ in finals:

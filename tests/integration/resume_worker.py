@@ -15,6 +15,7 @@ parser.add_argument("--checkpoint", required=True)
 parser.add_argument("--resume", action="store_true")
 parser.add_argument("--die-after-checkpoint", action="store_true")
 parser.add_argument("--result", required=True)
+parser.add_argument("--values", default="fp32")
 args = parser.parse_args()
 
 hvd.init()
@@ -22,11 +23,14 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
 opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3),
                               named_parameters=model.named_parameters(), sparsity=0.9, begin_step=2, end_step=12,
-                              frequency=3, pack_min_numel=0)
+                              frequency=3, pack_min_numel=0, values=args.values)
+# Ternary error memory and rounding noise belong to each rank: every rank keeps its own file.
+per_rank = args.values == "ternary"
+checkpoint = f"{args.checkpoint}.rank{hvd.rank()}" if per_rank else args.checkpoint
 start = 0
-if args.resume:  # the usual Horovod pattern: rank 0 reads, everyone receives
-    if hvd.rank() == 0:
-        state = pt.load_checkpoint(args.checkpoint)
+if args.resume:  # the usual Horovod pattern: rank 0 reads (or every rank its own), everyone receives
+    if per_rank or hvd.rank() == 0:
+        state = pt.load_checkpoint(checkpoint)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
     # Optimizer state first: on a rank with fresh state Horovod takes a zero-gradient step to
@@ -44,8 +48,8 @@ for step in range(start, start + args.steps):
     opt.step()
 
 if args.die_after_checkpoint:
-    if hvd.rank() == 0:
-        pt.save_checkpoint(args.checkpoint, {"model": model.state_dict(), "optimizer": opt.state_dict()})
+    if per_rank or hvd.rank() == 0:
+        pt.save_checkpoint(checkpoint, {"model": model.state_dict(), "optimizer": opt.state_dict()})
     hvd.barrier()
     os.kill(os.getpid(), signal.SIGKILL)  # no clean shutdown: the checkpoint is all that survives
 

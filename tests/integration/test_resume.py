@@ -18,14 +18,18 @@ def horovodrun(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(not HOROVODRUN.exists(), reason="horovodrun is not installed beside this Python")
-def test_resume_after_kill_is_bitwise_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("values", ["fp32", "ternary"])
+def test_resume_after_kill_is_bitwise_an_uninterrupted_run(tmp_path, values):
     checkpoint, resumed, uninterrupted = tmp_path / "ckpt.pt", tmp_path / "resumed.pt", tmp_path / "straight.pt"
     killed = horovodrun("--steps", "7", "--checkpoint", str(checkpoint), "--die-after-checkpoint",
-                        "--result", str(tmp_path / "unused.pt"))
+                        "--result", str(tmp_path / "unused.pt"), "--values", values)
     assert killed.returncode != 0, "the first job was meant to die"
-    assert checkpoint.exists()
-    for run in (horovodrun("--steps", "8", "--checkpoint", str(checkpoint), "--resume", "--result", str(resumed)),
-                horovodrun("--steps", "15", "--checkpoint", str(checkpoint), "--result", str(uninterrupted))):
+    written = [checkpoint] if values == "fp32" else [tmp_path / f"ckpt.pt.rank{rank}" for rank in (0, 1)]
+    assert all(path.exists() for path in written)
+    for run in (horovodrun("--steps", "8", "--checkpoint", str(checkpoint), "--resume", "--result", str(resumed),
+                           "--values", values),
+                horovodrun("--steps", "15", "--checkpoint", str(checkpoint), "--result", str(uninterrupted),
+                           "--values", values)):
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     a, b = torch.load(resumed), torch.load(uninterrupted)
     for name, tensor in b["model"].items():
@@ -35,3 +39,9 @@ def test_resume_after_kill_is_bitwise_an_uninterrupted_run(tmp_path):
         assert torch.equal(a["optimizer"]["pactrain"]["masks"][name], mask), name
     for key, state in b["optimizer"]["state"].items():
         assert torch.equal(a["optimizer"]["state"][key]["momentum_buffer"], state["momentum_buffer"])
+    if values == "ternary":  # rank 0's error memory and noise carried over exactly
+        ours, theirs = a["optimizer"]["pactrain"]["ternary"], b["optimizer"]["pactrain"]["ternary"]
+        assert ours["residuals"].keys() == theirs["residuals"].keys() and len(theirs["residuals"]) >= 1
+        for name, residual in theirs["residuals"].items():
+            assert torch.equal(ours["residuals"][name], residual), name
+        assert all(torch.equal(ours["noise"][d], state) for d, state in theirs["noise"].items())
