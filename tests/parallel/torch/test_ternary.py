@@ -113,3 +113,40 @@ def test_bad_values_arguments_are_refused_before_anything(kwargs, message):
     model = make_model()
     with pytest.raises(ValueError, match=message):
         pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "bad"), **kwargs)
+
+
+def test_ternary_memory_round_trips_and_a_misfit_residual_changes_nothing():
+    """Each rank's checkpoint carries its own error memory; a residual that does not fit its mask is refused."""
+    model = make_model()
+    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "mem"), values="ternary", sparsity=0.5,
+                                  begin_step=0, end_step=0, pack_min_numel=0)
+    for step in range(3):
+        opt.zero_grad()
+        loss_of(model, step).backward()
+        opt.step()
+    saved = opt.state_dict()
+    residuals = saved["pactrain"]["ternary"]["residuals"]
+    assert saved["pactrain"]["ternary"]["rank"] == hvd.rank()
+    assert set(residuals) == {name for name, p in opt._parameters.items() if opt._compressors[p].lanes is not None}
+    assert len(residuals) >= 2
+    assert all(r.numel() == int(opt.masks()[name].sum()) for name, r in residuals.items())
+
+    model_b = make_model()
+    twin = pt.DistributedOptimizer(sgd(model_b), named_parameters=named(model_b, "mem"), values="ternary", sparsity=0.5,
+                                   begin_step=0, end_step=0, pack_min_numel=0)
+    first = sorted(residuals)[0]
+    broken = {**saved, "pactrain": {**saved["pactrain"], "ternary": {
+        **saved["pactrain"]["ternary"], "residuals": {**residuals, first: residuals[first][:-1]}}}}
+    with pytest.raises(pt.CheckpointError, match=rf"ternary residual of '{first}' has \d+ values, its mask keeps"):
+        twin.load_state_dict(broken)
+    assert twin.step_count == 0 and twin.masks() == {}
+    twin.load_state_dict(saved)
+    assert twin.step_count == 3
+    for name, residual in residuals.items():
+        assert torch.equal(twin._ternary.memory.residuals[name], residual), name
+    other_rank = {**saved, "pactrain": {**saved["pactrain"], "ternary": {**saved["pactrain"]["ternary"], "rank": -1}}}
+    model_c = make_model()
+    fresh = pt.DistributedOptimizer(sgd(model_c), named_parameters=named(model_c, "mem"), values="ternary",
+                                    sparsity=0.5, begin_step=0, end_step=0, pack_min_numel=0)
+    fresh.load_state_dict(other_rank)  # another rank's memory is not this rank's: start from none
+    assert fresh.step_count == 3 and fresh._ternary.memory.residuals == {}
