@@ -8,16 +8,15 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from pactrain_hvd.tensorflow.optimizer import broadcast_masks
-from pactrain_hvd.tensorflow.pruning import backing_variable, optimizer_variables
+from pactrain_hvd.tensorflow.pruning import backing_variable, build_optimizer, optimizer_variables
 
 
 class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
     """Broadcast model variables, optimizer variables and PacTrain masks from ``root_rank``.
 
     Unlike Horovod's callback, which broadcasts after the first batch, this one broadcasts
-    before the first step: masks are computed from the weights, so ranks must start equal.
-    Optimizer variables are broadcast again after the first batch, for optimizers that only
-    create their slots in the first step (tf-keras 2).
+    before the first step: masks are computed from the weights, so ranks must start equal. It
+    builds the optimizer first, so its slots exist and travel too.
 
     Example::
 
@@ -35,7 +34,6 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
         self.root_rank = root_rank
         self.device = device
         self._local = {backing_variable(v).ref() for v in local_variables}
-        self._first_batch_done = False
 
     def _broadcast(self, variables: list[Any]) -> None:
         shared = [backing_variable(v) for v in variables]
@@ -47,16 +45,13 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._broadcast(list(self.model.variables))
         optimizer = self.model.optimizer
+        with tf.init_scope():
+            build_optimizer(optimizer, self.model.trainable_variables)
         self._broadcast(optimizer_variables(optimizer))
         state = getattr(optimizer, "pactrain_state", None)
         if state is not None:
             state.bind(self.model.trainable_variables)
             broadcast_masks(state, self.root_rank)
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if not self._first_batch_done:
-            self._first_batch_done = True
-            self._broadcast(optimizer_variables(self.model.optimizer))
 
 
 class MetricAverageCallback(tf.keras.callbacks.Callback):
