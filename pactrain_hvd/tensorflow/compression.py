@@ -26,6 +26,8 @@ class PacTrainCompressor(Compressor):
     Plan ``DENSE``: the tensor travels whole (flattened), pruned coordinates zeroed.
     Plan ``UNMASKED`` (``mask=None``): the tensor travels as Horovod would send it.
     Values are then handed to ``value_compression`` (``hvd.Compression.none`` or ``.fp16``).
+    ``survivors`` and ``unpack`` are the packing alone, for values that travel another way
+    (``PacTrainState(values="fp16" | "ternary")``, see ``pactrain_hvd.tensorflow.ternary``).
 
     ``shape`` lets a compressor start unmasked and receive a mask later (``set_mask``). Masks,
     surviving indices and plan are TF variables: the packed length is data-dependent, which
@@ -84,6 +86,14 @@ class PacTrainCompressor(Compressor):
     def kept(self) -> int:
         """Surviving coordinates (all of them while unmasked)."""
         return int(tf.math.count_nonzero(self.mask))
+
+    def survivors(self, tensor: tf.Tensor) -> tf.Tensor:
+        """``tensor.flatten()[surviving_indices]``: the packed values (empty unless the plan packs)."""
+        return tf.gather(tf.reshape(tensor, [-1]), self.surviving_indices.read_value())
+
+    def unpack(self, values: tf.Tensor) -> tf.Tensor:
+        """Zeros of the tensor's shape with ``values`` at the surviving coordinates (plan ``PACKED``)."""
+        return tf.reshape(self._scatter(values, self.surviving_indices.read_value()), self.shape)
 
     def compress(self, tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
         if isinstance(tensor, tf.IndexedSlices):

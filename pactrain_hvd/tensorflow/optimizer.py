@@ -19,7 +19,9 @@ How a step runs, in or out of ``tf.function``:
 
 from __future__ import annotations
 
+import functools
 import io
+import re
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -39,9 +41,10 @@ from pactrain_hvd.core import (
     check_saved_world_size,
     should_pack,
 )
-from pactrain_hvd.core.config import DEFAULT_VERIFY_EVERY
+from pactrain_hvd.core.config import DEFAULT_VERIFY_EVERY, check_values
+from pactrain_hvd.core.lanes import ternary_layout
 from pactrain_hvd.core.own_masks import schedule_sparsity
-from pactrain_hvd.tensorflow.compression import UNMASKED, PacTrainCompressor
+from pactrain_hvd.tensorflow.compression import PACKED, UNMASKED, PacTrainCompressor
 from pactrain_hvd.tensorflow.own_masks import PendingMasks, sync_tfmot_masks
 from pactrain_hvd.tensorflow.pruning import (
     Prunable,
@@ -52,10 +55,12 @@ from pactrain_hvd.tensorflow.pruning import (
     select_prunable,
     variable_names,
 )
+from pactrain_hvd.tensorflow.ternary import TernaryReduction
 
 _SUPPORTED_OPS = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Min: "Min", hvd.Max: "Max"}
 _OTHER_OPS = {hvd.Adasum: "Adasum", hvd.Product: "Product"}
 _NEVER = np.iinfo(np.int64).max
+_Reduced = tuple[tf.Tensor, tf.Tensor]  # a reduced gradient and the bytes its tensor put on the wire
 _HOROVOD_DEFAULTS = {"compression": Compression.none, "sparse_as_dense": False, "op": hvd.Average,
                      "gradient_predivide_factor": 1.0, "groups": None, "process_set": hvd.global_process_set,
                      "device_dense": "", "device_sparse": "", "scale_local_gradients": True}
@@ -96,7 +101,10 @@ class PacTrainState(tf.train.experimental.PythonState):
     moments) are zeroed at newly pruned coordinates when masks change. ``masks``: bring your own
     mask, ``{variable name: bool mask}`` or a model wrapped by tfmot's ``prune_low_magnitude``;
     fixed (the schedule is off) unless ``continue_pruning=True`` (see ``core.own_masks``).
-    ``values``: only ``"fp32"`` here (``"fp16"``/``"ternary"`` are torch-only for now, ValueError).
+    ``values``: how packed values travel, as in torch: ``"fp32"`` as ``compression`` says, ``"fp16"``,
+    or ``"ternary"`` (shared-scale stochastic ternary with error feedback in int32 lanes, fp16 beyond
+    256 ranks; op Average or Sum). Dense-plan and unpruned tensors travel as ``compression`` says.
+    Not combinable with ``groups``: a pruned tensor's plan, hence its wire, is chosen when the step runs.
 
     The state binds to the variables of its first ``reduce`` call (more may join later). It is a
     checkpointable object: put it in a ``tf.train.Checkpoint`` to save masks and schedule
@@ -140,9 +148,6 @@ class PacTrainState(tf.train.experimental.PythonState):
         values: str = "fp32",
     ) -> None:
         # Everything is validated before the first collective call.
-        if values != "fp32":
-            raise ValueError(f"values={values!r} is not supported by the TensorFlow frontend yet (only 'fp32': packed "
-                             "values travel as compression says); ternary lanes exist in pactrain_hvd.torch")
         plan_overrides = {k: v for k, v in (("pack_min_numel", pack_min_numel), ("pack_max_density", pack_max_density))
                           if v is not None}
         self.config = PacTrainConfig(
@@ -161,6 +166,11 @@ class PacTrainState(tf.train.experimental.PythonState):
         if gradient_predivide_factor != 1.0 and op != hvd.Average:
             raise ValueError("gradient_predivide_factor not supported with op != Average")
         _validate_groups(groups)
+        check_values(values, _SUPPORTED_OPS[op], groups is not None)
+        if values == "fp16" and groups is not None:
+            raise ValueError("values='fp16' cannot be combined with groups in the TensorFlow frontend: a pruned "
+                             "tensor's plan, hence its wire dtype, is chosen when the step runs; "
+                             "compression=hvd.Compression.fp16 sends every tensor as fp16 and works with groups")
         if not isinstance(process_set, hvd.ProcessSet):
             raise TypeError(f"process_set must be a horovod ProcessSet, got {type(process_set).__name__}")
         if prunable is not None and isinstance(prunable, str):
@@ -177,6 +187,10 @@ class PacTrainState(tf.train.experimental.PythonState):
         self.scale_local_gradients = bool(scale_local_gradients)
         self.prunable = prunable
         self.optimizer = optimizer
+        self.values = values
+        layout = ternary_layout(process_set.size()) if values == "ternary" else None
+        self._ternary = TernaryReduction(process_set) if layout is not None else None
+        self._packed_compression = Compression.fp16 if values in ("fp16", "ternary") else compression
 
         self._names: list[str] = []
         self._positions: dict[Any, int] = {}
@@ -210,7 +224,11 @@ class PacTrainState(tf.train.experimental.PythonState):
         return {name: mask.copy() for name, mask in self._pruner.masks.items()}
 
     def stats(self) -> dict:
-        """The last step's wire bytes (sent and dense-equivalent), per-tensor density and plan."""
+        """The last step's wire bytes (sent and dense-equivalent), bits per packed value, per-tensor density and plan.
+
+        ``values`` says how packed values travelled: ``"ternary"``, or ``"fp16"`` when ternary fell
+        back (too many ranks for 3 lanes per word), else as the ``values`` argument.
+        """
         sent = self._sent_bytes.numpy()
         tensors = {}
         for position, name in enumerate(self._names):
@@ -222,7 +240,8 @@ class PacTrainState(tf.train.experimental.PythonState):
                                         packed=self._packed.get(name, False), sent_bytes=int(sent[position]),
                                         dense_bytes=self._dense_bytes[position])
         stats = StepStats(step=max(self.step_count - 1, 0), tensors=tensors)
-        return dict(stats.as_dict(), sparsity=self._pruner.sparsity())
+        encoding = "ternary" if self._ternary is not None else ("fp16" if self.values == "ternary" else self.values)
+        return dict(stats.as_dict(), sparsity=self._pruner.sparsity(), values=encoding)
 
     def set_masks(self, masks: dict[str, Any]) -> None:
         """Replace the masks (bool arrays or tensors by variable name); local, no communication.
@@ -273,6 +292,8 @@ class PacTrainState(tf.train.experimental.PythonState):
             if name in prunable:
                 self._pruner.prunable_names.append(name)
                 self._compressors[name] = PacTrainCompressor(shape=variable.shape, value_compression=self.compression)
+                if self._ternary is not None:
+                    self._ternary.memory.track(name)
         self._sent_bytes.assign(-tf.ones([len(self._names)], tf.int64))
         if own_masks:
             self.set_masks(own_masks)  # proven equal on all ranks before the first all-reduce
@@ -286,15 +307,22 @@ class PacTrainState(tf.train.experimental.PythonState):
         traced step does that with graph ops instead: see ``_communicate``)."""
         self._pruner.install(masks)
         sync_tfmot_masks(self._tfmot_masks, self._pruner.masks)
-        cfg = self.config
         for name, compressor in self._compressors.items():
             mask = self._pruner.masks.get(name)
-            packed = mask is not None and should_pack(mask.size, int(mask.sum()), cfg.pack_min_numel,
-                                                      cfg.pack_max_density)
+            packed = self._packs(mask)
+            previous = compressor.surviving_indices.numpy() if self._ternary is not None else None
             compressor.set_mask(mask, packed)
             self._packed[name] = packed
+            if self._ternary is not None:
+                self._ternary.memory.remap(name, previous, compressor.surviving_indices.numpy(),
+                                           compressor.shape.num_elements())
         if zero_now:
             self._zero_pruned()
+
+    def _packs(self, mask: np.ndarray | None) -> bool:
+        """The plan for a tensor with this mask: pack its surviving values (else send it dense)."""
+        return mask is not None and should_pack(mask.size, int(mask.sum()), self.config.pack_min_numel,
+                                                self.config.pack_max_density)
 
     def _zero_pruned(self) -> tf.Tensor:
         """Pruned weights and their optimizer slots (momentum, Adam moments) become 0, so nothing
@@ -422,17 +450,60 @@ class PacTrainState(tf.train.experimental.PythonState):
                     continue
                 grad = tf.convert_to_tensor(grad)
             dense.append((index, grad, compressor))
+        plain, by_plan = [], []
+        for item in dense:
+            (by_plan if self.values != "fp32" and isinstance(item[2], PacTrainCompressor) else plain).append(item)
         with tf.device(self.device_dense):
             wires, contexts = [], []
-            for index, grad, compressor in dense:
+            for index, grad, compressor in plain:
                 wire, ctx = compressor.compress(grad)
                 wires.append(wire)
                 contexts.append(ctx)
                 sent[positions[index]] = tf.size(wire, tf.int64) * wire.dtype.size
-            outputs = self._reduce_wires(wires, [positions[i] for i, _, _ in dense])
-            for (index, _, compressor), output, ctx in zip(dense, outputs, contexts):
+            outputs = self._reduce_wires(wires, [positions[i] for i, _, _ in plain])
+            for (index, _, compressor), output, ctx in zip(plain, outputs, contexts):
                 reduced[index] = compressor.decompress(output, ctx)
+            if by_plan:
+                results = self._reduce_by_plan([(positions[index], grad, c) for index, grad, c in by_plan])
+                for (index, _, _), (output, size) in zip(by_plan, results):
+                    reduced[index], sent[positions[index]] = output, size
         return reduced, sent
+
+    def _reduce_by_plan(self, items: list[tuple[int, tf.Tensor, PacTrainCompressor]]) -> list[_Reduced]:
+        """``values`` fp16 or ternary: a pruned tensor's packed values travel another way than its dense
+        ones, and its plan is known only when the step runs, so each takes a ``tf.cond`` on its plan
+        (every rank the same branch: the plans agree). Returns (reduced gradient, bytes sent) each."""
+        if self._ternary is not None:
+            values, scales = self._ternary.agree_scales([(self._names[p], grad, c) for p, grad, c in items],
+                                                        wire_name=self._wire_name("ternary_scales", items[0][0]))
+        results = []
+        for number, (position, grad, compressor) in enumerate(items):
+            if self._ternary is not None:
+                packed = functools.partial(self._ternary.allreduce, self._names[position], compressor, values[number],
+                                           scales[number], self.op == hvd.Average, grad.dtype,
+                                           self._wire_name("ternary", position))
+            else:
+                packed = functools.partial(self._reduce_packed, position, grad, compressor)
+            plain = functools.partial(self._reduce_plain, position, grad, compressor)
+            results.append(tf.cond(tf.equal(compressor.plan, PACKED), packed, plain))
+        return results
+
+    def _reduce_packed(self, position: int, grad: tf.Tensor, compressor: PacTrainCompressor) -> _Reduced:
+        """Surviving values as ``_packed_compression`` says (fp16)."""
+        wire, ctx = self._packed_compression.compress(compressor.survivors(grad))
+        output = hvd.allreduce(wire, name=self._wire_name("packed", position), **self._reduce_arguments())
+        values = self._packed_compression.decompress(output, ctx)
+        return compressor.unpack(values), tf.size(wire, tf.int64) * wire.dtype.size
+
+    def _reduce_plain(self, position: int, grad: tf.Tensor, compressor: PacTrainCompressor) -> _Reduced:
+        """As ``compression`` says, whatever the plan (here: not packed)."""
+        wire, ctx = compressor.compress(grad)
+        output = hvd.allreduce(wire, name=self._wire_name("plain", position), **self._reduce_arguments())
+        return compressor.decompress(output, ctx), tf.size(wire, tf.int64) * wire.dtype.size
+
+    def _wire_name(self, kind: str, position: int) -> str:
+        """A Horovod name per tensor: ops in ``tf.cond`` branches are not uniquified by TF as ops of one graph are."""
+        return f"pactrain_{kind}_" + re.sub("[^a-zA-Z0-9_]", "_", self._names[position])
 
     def _scale_factors(self) -> tuple[float, float]:
         if self.op == hvd.Average:
@@ -440,11 +511,14 @@ class PacTrainState(tf.train.experimental.PythonState):
             return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         return 1.0, 1.0
 
+    def _reduce_arguments(self) -> dict[str, Any]:
+        prescale, postscale = self._scale_factors()
+        return dict(op=self.op, prescale_factor=prescale, postscale_factor=postscale, process_set=self.process_set)
+
     def _reduce_wires(self, wires: list[tf.Tensor], positions: list[int]) -> list[tf.Tensor]:
         if not wires:
             return wires  # (a single process still goes through Horovod: an elastic job may grow)
-        prescale, postscale = self._scale_factors()
-        common = dict(op=self.op, prescale_factor=prescale, postscale_factor=postscale, process_set=self.process_set)
+        common = self._reduce_arguments()
         if self.groups is None:
             return [hvd.allreduce(wire, **common) for wire in wires]
         outputs: list[Any] = [None] * len(wires)
@@ -487,7 +561,8 @@ class PacTrainState(tf.train.experimental.PythonState):
 
     # -- checkpoints (tf.train.Checkpoint calls these) --------------------------------------------
     def serialize(self) -> bytes:
-        """Schedule position and masks as an ``.npz`` blob.
+        """Schedule position and masks as an ``.npz`` blob; with ``values="ternary"`` also this rank's
+        error memory and rounding-noise state (restored only on the same rank, as in torch).
 
         Masks are keyed by the variable's position in binding order (the model's variable
         order), so they restore into a rebuilt model whose generated names differ (Keras
@@ -496,24 +571,29 @@ class PacTrainState(tf.train.experimental.PythonState):
         if self._pending_restore is not None:
             return self._pending_restore
         names = sorted(self._pruner.masks)
+        ternary = {}
+        if self._ternary is not None:
+            ternary = {"ternary_rank": np.int64(self.process_set.rank()),
+                       "ternary_noise": self._ternary.noise.generator.state.numpy(),
+                       **{f"residual_{i}": self._ternary.memory.residuals[name].numpy() for i, name in enumerate(names)}}
         buffer = io.BytesIO()
         np.savez(buffer, step=np.int64(self.step_count), world_size=np.int64(self.process_set.size()),
                  names=np.array(names, dtype=np.str_),
                  positions=np.array([self._names.index(name) for name in names], dtype=np.int64),
-                 **{f"mask_{i}": self._pruner.masks[name] for i, name in enumerate(names)})
+                 **{f"mask_{i}": self._pruner.masks[name] for i, name in enumerate(names)}, **ternary)
         return buffer.getvalue()
 
     def deserialize(self, string_value: bytes) -> None:
         """Restore schedule position and masks; local, validated before anything changes."""
-        step, saved = _parse_state(string_value)
+        step, saved, ternary = _parse_state(string_value)
         check_saved_world_size(_saved_world_size(string_value), self.process_set.size())
         if not self._names:
             self._pending_restore = bytes(string_value)  # applied when the state binds to its variables
             self._step.assign(step)
             return
-        self._restore(step, saved)
+        self._restore(step, saved, ternary)
 
-    def _restore(self, step: int, saved: list[tuple[int, str, np.ndarray]]) -> None:
+    def _restore(self, step: int, saved: list[tuple[int, str, np.ndarray]], ternary: _SavedTernary | None) -> None:
         masks = {}
         for position, saved_name, mask in saved:
             if position >= len(self._names):
@@ -524,19 +604,52 @@ class PacTrainState(tf.train.experimental.PythonState):
             masks = self._pruner.validate(masks)
         except (TypeError, ValueError) as error:
             raise CheckpointError(f"checkpoint does not fit these variables: {error}") from error
+        residuals = self._saved_residuals(ternary, masks)
         self._step.assign(step)
         self._install(masks)
         self._mark_verify_pending()
+        if residuals is not None:
+            self._ternary.noise.generator.state.assign(ternary[1])
+            for name, residual in residuals.items():
+                self._ternary.memory.residuals[name].assign(residual)
+
+    def _saved_residuals(self, ternary: _SavedTernary | None, masks: dict[str, np.ndarray]) -> dict | None:
+        """The checkpoint's residuals by name, checked against the masks, if this rank saved them."""
+        if ternary is None or self._ternary is None:
+            return None
+        rank, _, by_position = ternary
+        try:
+            current = self.process_set.rank()
+        except (ValueError, RuntimeError):
+            current = None  # Horovod is down: an elastic rollback restores this process's own state
+        if current is not None and rank != current:
+            return None
+        residuals = {}
+        for position, residual in by_position.items():
+            name = self._names[position]
+            expected = int(masks[name].sum()) if self._packs(masks.get(name)) else 0
+            if residual.ndim != 1 or residual.size != expected:
+                raise CheckpointError(f"ternary residual of {name!r} has shape {residual.shape}, its packed values "
+                                      f"number {expected}")
+            residuals[name] = residual.astype(np.float32)
+        return residuals
 
 
-def _parse_state(blob: bytes) -> tuple[int, list[tuple[int, str, np.ndarray]]]:
-    """(step, [(position, saved name, mask)]) from ``PacTrainState.serialize``."""
+_SavedTernary = tuple[int, np.ndarray, dict[int, np.ndarray]]  # saving rank, noise state, residual by position
+
+
+def _parse_state(blob: bytes) -> tuple[int, list[tuple[int, str, np.ndarray]], _SavedTernary | None]:
+    """(step, [(position, saved name, mask)], ternary memory or None) from ``PacTrainState.serialize``."""
     try:
         with np.load(io.BytesIO(blob), allow_pickle=False) as saved:
             names = [str(name) for name in saved["names"]]
-            entries = [(int(position), name, saved[f"mask_{i}"])
-                       for i, (position, name) in enumerate(zip(saved["positions"], names))]
-            return int(saved["step"]), entries
+            positions = [int(position) for position in saved["positions"]]
+            entries = [(position, name, saved[f"mask_{i}"]) for i, (position, name) in enumerate(zip(positions, names))]
+            ternary = None
+            if "ternary_rank" in saved.files:
+                ternary = (int(saved["ternary_rank"]), saved["ternary_noise"],
+                           {position: saved[f"residual_{i}"] for i, position in enumerate(positions)})
+            return int(saved["step"]), entries, ternary
     except (OSError, KeyError, ValueError, EOFError) as error:
         raise CheckpointError(f"not a PacTrain state: {error}") from error
 
@@ -568,7 +681,7 @@ class DistributedGradientTape:
     Takes every argument of ``hvd.DistributedGradientTape`` with the same defaults, plus the
     PacTrain arguments of ``PacTrainState`` (``sparsity=0.9``, ``begin_step``, ``end_step``,
     ``frequency``, ``prunable``, ``ranking``, ``pack_min_numel``, ``pack_max_density``,
-    ``verify_every``, ``optimizer``). The schedule and masks must outlive one step, so keep
+    ``verify_every``, ``optimizer``, ``values``). The schedule and masks must outlive one step, so keep
     the state: pass ``state=tape.pactrain_state`` (or a ``PacTrainState`` you made) on later
     steps; then leave the other arguments at their defaults. One ``gradient`` call is one step.
 

@@ -1,17 +1,26 @@
-"""Ternary lanes: exact integer sums over simulated ranks, one bit layout for numpy and torch, unbiased rounding,
-error feedback, and the ternary path of PacTrainCompressor."""
+"""Ternary lanes: exact integer sums over simulated ranks, one bit layout for numpy, torch and TF, unbiased
+rounding, error feedback, and the ternary path of PacTrainCompressor."""
 
 import math
+import os
 
-import numpy as np
-import pytest
-import torch
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from pactrain_hvd.core import StepStats, TensorStats
-from pactrain_hvd.core import lanes as core
-from pactrain_hvd.torch import PacTrainCompressor
-from pactrain_hvd.torch import lanes as torch_lanes
-from pactrain_hvd.torch.ternary import ErrorFeedback
+# Before horovod.tensorflow (pactrain_hvd.tensorflow below): Horovod's process sets follow the framework whose
+# module was imported last, and the TF unit tests need TF's (hvd.global_process_set.included()).
+import horovod.torch  # noqa: E402, F401
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import torch  # noqa: E402
+
+from pactrain_hvd.core import StepStats, TensorStats  # noqa: E402
+from pactrain_hvd.core import lanes as core  # noqa: E402
+from pactrain_hvd.tensorflow import lanes as tf_lanes  # noqa: E402
+from pactrain_hvd.tensorflow import ternary as tf_ternary  # noqa: E402
+from pactrain_hvd.torch import PacTrainCompressor  # noqa: E402
+from pactrain_hvd.torch import lanes as torch_lanes  # noqa: E402
+from pactrain_hvd.torch.ternary import ErrorFeedback  # noqa: E402
 
 
 @pytest.mark.parametrize("world_size, width, lanes", [(1, 2, 15), (2, 3, 10), (3, 3, 10), (4, 4, 7), (8, 5, 6),
@@ -46,6 +55,12 @@ def test_summed_words_unpack_to_exact_code_sums(world_size):
     decoded = core.decode_sums(core.unpack_lanes(summed, layout, count), world_size)
     np.testing.assert_array_equal(decoded, ternary.sum(axis=0))
     assert decoded[0] == world_size and decoded[1] == -world_size
+    # TF, with the layout known at trace time and read when the graph runs (Horovod elastic)
+    for layout_tf in (layout, tf_lanes.layout_for(tf.constant(world_size))):
+        words_tf = tf.stack([tf_lanes.encode(tf.constant(t, tf.int8), layout_tf) for t in ternary])
+        np.testing.assert_array_equal(words_tf.numpy(), words)
+        summed_tf = tf.reduce_sum(words_tf, axis=0)
+        np.testing.assert_array_equal(tf_lanes.decode(summed_tf, layout_tf, count).numpy(), ternary.sum(axis=0))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 7, 64, 256])
@@ -64,6 +79,33 @@ def test_torch_and_numpy_packers_write_identical_words(world_size):
                                   core.pack_codes(ternary + 1, layout))
 
 
+@pytest.mark.parametrize("world_size", [1, 2, 7, 64, 256])
+def test_tf_and_numpy_packers_write_identical_words(world_size):
+    layout = core.lane_layout(world_size)
+    rng = np.random.default_rng(world_size)
+    lane_values = rng.integers(0, 2 * world_size + 1, size=1001)  # any lane value up to 2N
+    expected = core.pack_codes(lane_values, layout)
+    for layout_tf in (layout, tf_lanes.layout_for(tf.constant(world_size))):
+        words = tf_lanes.pack_codes(tf.constant(lane_values, tf.int32), layout_tf)
+        assert words.dtype == tf.int32
+        np.testing.assert_array_equal(words.numpy(), expected)
+        np.testing.assert_array_equal(tf_lanes.unpack_lanes(words, layout_tf, 1001).numpy(), lane_values)
+        ternary = rng.integers(-1, 2, size=77)
+        np.testing.assert_array_equal(tf_lanes.encode(tf.constant(ternary), layout_tf).numpy(),
+                                      core.pack_codes(ternary + 1, layout))
+    assert tf_lanes.pack_codes(tf.zeros([0], tf.int32), layout).shape == (0,)
+
+
+def test_tf_layout_read_when_the_graph_runs_is_the_core_layout():
+    layout_of = tf.function(lambda n: tf_lanes.layout_for(n)[1:])  # (width, lanes), traced once
+    for world_size in [*range(1, 300), 511, 512, 4096, 2**20]:
+        width, lanes = layout_of(tf.constant(world_size))
+        expected = core.lane_layout(world_size)
+        assert (int(width), int(lanes)) == (expected.width, expected.lanes), world_size
+    assert layout_of.experimental_get_tracing_count() == 1
+    assert tf_lanes.layout_for(8) == core.lane_layout(8)  # a Python int: the core layout itself
+
+
 def test_layout_is_lane_zero_in_the_low_bits():
     layout = core.lane_layout(2)  # 3-bit lanes
     assert core.pack_codes(np.array([1, 2, 0, 2]), layout)[0] == 1 + (2 << 3) + (2 << 9)
@@ -78,6 +120,9 @@ def test_torch_and_numpy_rounding_agree():
     got = torch_lanes.stochastic_ternary(torch.from_numpy(values), torch.tensor(scale), torch.from_numpy(noise))
     assert got.dtype == torch.int8
     np.testing.assert_array_equal(got.numpy(), expected)
+    got_tf = tf_lanes.stochastic_ternary(tf.constant(values), tf.constant(scale), tf.constant(noise))
+    assert got_tf.dtype == tf.int8
+    np.testing.assert_array_equal(got_tf.numpy(), expected)
     assert set(np.unique(expected)) <= {-1, 0, 1}
     assert np.all(core.stochastic_ternary(np.zeros(5), 0.0, rng.random(5)) == 0)  # a zero scale
 
@@ -118,6 +163,27 @@ def test_error_feedback_remap_keeps_surviving_coordinates():
     torch.testing.assert_close(memory.residuals["w"], torch.tensor([2.0, 3.0]))
     memory.remap("w", torch.tensor([4, 7]), None, numel=9)  # no longer quantized
     assert "w" not in memory.residuals
+
+
+def test_tf_error_feedback_carries_the_error_and_remaps_to_surviving_coordinates():
+    memory = tf_ternary.ErrorFeedback()
+    memory.track("w")
+    assert memory.residuals["w"].shape.as_list() == [None]  # any packed length, no retrace
+    memory.remap("w", np.zeros(0, np.int32), np.array([0, 4, 7]), numel=9)  # newly packed: residuals start at 0
+    np.testing.assert_array_equal(memory.residuals["w"].numpy(), np.zeros(3))
+    values = tf.constant([0.3, -0.6, 0.05])
+    memory.store("w", values, tf.constant([1.0, -1.0, 0.0]))
+    np.testing.assert_allclose(memory.add("w", tf.ones(3)).numpy(), 1 + np.array([0.3 - 1, -0.6 + 1, 0.05]), rtol=1e-6)
+    memory.remap("w", np.array([0, 4, 7]), np.array([4, 7]), numel=9)  # coordinate 0 pruned
+    np.testing.assert_allclose(memory.residuals["w"].numpy(), [0.4, 0.05], rtol=1e-6)
+    memory.remap("w", np.array([4, 7]), np.zeros(0, np.int32), numel=9)  # no longer packed
+    assert memory.residuals["w"].numpy().size == 0
+
+
+def test_tf_noise_differs_by_seed_and_is_uniform():
+    first, second = tf_ternary.NoiseSource(1).uniform(tf.constant(1000)), tf_ternary.NoiseSource(2).uniform(1000)
+    assert not np.array_equal(first.numpy(), second.numpy())
+    assert 0 <= first.numpy().min() and first.numpy().max() < 1 and abs(first.numpy().mean() - 0.5) < 0.05
 
 
 def test_compressor_ternary_round_trip_as_if_summed_over_two_ranks():

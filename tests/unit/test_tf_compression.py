@@ -72,6 +72,17 @@ def test_traced_function_follows_mask_changes_without_retracing():
     assert roundtrip.experimental_get_tracing_count() == 1
 
 
+def test_survivors_and_unpack_are_the_packing_alone():
+    mask = np.arange(24).reshape(4, 6) % 5 == 0
+    compressor = PacTrainCompressor(mask)
+    tensor = tf.reshape(tf.range(1, 25, dtype=tf.float32), (4, 6))
+    survivors = compressor.survivors(tensor)
+    np.testing.assert_array_equal(survivors.numpy(), tensor.numpy()[mask])
+    np.testing.assert_array_equal(compressor.unpack(survivors * 2).numpy(), np.where(mask, tensor.numpy() * 2, 0))
+    compressor.set_mask(mask, packed=False)
+    assert int(tf.size(compressor.survivors(tensor))) == 0  # only a packing plan has survivors to send
+
+
 def test_fp16_values_stacked_on_packing_through_horovod_allreduce():
     hvd.init()
     mask = np.zeros((64, 64), bool)

@@ -47,7 +47,7 @@ def test_next_update_is_the_schedules_next_update_step(begin, end, frequency):
     (dict(compression=object()), TypeError, "compression"),
     (dict(process_set="all"), TypeError, "process_set"),
     (dict(prunable="hidden*"), TypeError, "prunable"),
-    (dict(values="ternary"), ValueError, "values='ternary' is not supported by the TensorFlow frontend"),
+    (dict(values="int8"), ValueError, "values must be one of 'fp32', 'fp16', 'ternary', got 'int8'"),
 ])
 def test_state_rejects_bad_arguments_before_communicating(kwargs, error, message):
     with pytest.raises(error, match=message):

@@ -150,8 +150,9 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
     Takes every argument of Horovod's with the same defaults, plus PacTrain's (see
     ``PacTrainState``): ``sparsity`` (``0`` behaves like Horovod's optimizer), ``begin_step``,
     ``end_step``, ``frequency``, ``prunable``, ``ranking``, ``pack_min_numel``,
-    ``pack_max_density``, ``verify_every``, ``masks`` and ``continue_pruning`` (bring your own mask:
-    a dict, or the model wrapped by tfmot's ``prune_low_magnitude``). Works with Keras 3 and tf-keras 2 optimizers, in
+    ``pack_max_density``, ``verify_every``, ``masks``, ``continue_pruning`` (bring your own mask:
+    a dict, or the model wrapped by tfmot's ``prune_low_magnitude``) and ``values`` (``"fp32"``,
+    ``"fp16"`` or ``"ternary"``: how packed values travel). Works with Keras 3 and tf-keras 2 optimizers, in
     ``model.fit`` and in custom loops (``optimizer.apply_gradients`` reduces: do not also wrap the
     tape). Like Horovod's, it is rebuilt from ``optimizer.get_config()``: wrap before training.
 

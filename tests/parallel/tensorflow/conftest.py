@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import pactrain_hvd.tensorflow as pt  # noqa: E402
 from pactrain_hvd.tensorflow.pruning import backing_variable, variable_names  # noqa: E402
 
 LEGACY_KERAS = os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() in ("1", "true", "yes")
@@ -72,6 +73,21 @@ def fit(model, steps, start=0, callbacks=()):
 
 def loss_fn(labels, logits):
     return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+
+
+def tape_step(model, opt, state):
+    """Horovod's TF2 example loop, one line changed: the tape is wrapped on every step, the state carries over."""
+
+    @tf.function(autograph=False)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        tape = pt.DistributedGradientTape(tape, state=state)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return grads
+
+    return step
 
 
 def named(variables) -> dict:

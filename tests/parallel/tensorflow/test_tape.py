@@ -4,26 +4,11 @@ import horovod.tensorflow as hvd
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import LEGACY_KERAS, assert_same_on_all_ranks, batch, keras, loss_fn, make_model, named
+from conftest import LEGACY_KERAS, assert_same_on_all_ranks, batch, keras, loss_fn, make_model, named, tape_step
 
 import pactrain_hvd.tensorflow as pt
 from pactrain_hvd.core import num_to_keep
 from pactrain_hvd.tensorflow.pruning import optimizer_slots
-
-
-def tape_step(model, opt, state):
-    """Horovod's TF2 example loop, one line changed: the tape is wrapped on every step, the state carries over."""
-
-    @tf.function(autograph=False)
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        tape = pt.DistributedGradientTape(tape, state=state)
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return grads
-
-    return step
 
 
 def dense_reference(model, masks, x, y, name):

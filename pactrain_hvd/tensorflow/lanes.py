@@ -1,0 +1,69 @@
+"""Ternary lanes in TF ops, following the bit layout of ``pactrain_hvd.core.lanes``.
+
+Mirrors the numpy reference functions there, vectorised: codes reshaped to ``[words, lanes]``,
+shifted and summed; summed words shifted back and masked. Every function takes a
+``core.lanes.LaneLayout`` (the world size known when the graph is traced) or a ``TensorLayout``
+(the world size read when the graph runs, as Horovod elastic needs: ``layout_for(hvd.size_op())``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import tensorflow as tf
+
+from pactrain_hvd.core.lanes import CODE_OFFSET, WORD_BITS, LaneLayout, lane_layout
+
+
+class TensorLayout(NamedTuple):
+    """``core.lanes.LaneLayout`` as int32 scalars computed in the graph."""
+
+    world_size: tf.Tensor
+    width: tf.Tensor
+    lanes: tf.Tensor
+
+
+def layout_for(world_size: int | tf.Tensor) -> LaneLayout | TensorLayout:
+    """The layout of ``core.lanes.lane_layout``; a ``TensorLayout`` when ``world_size`` is a tensor."""
+    if isinstance(world_size, int):
+        return lane_layout(world_size)
+    world_size = tf.cast(world_size, tf.int32)
+    # ceil(log2(2N + 1)) is the bit length of 2N: the number of right shifts that leave it non-zero.
+    width = tf.reduce_sum(tf.cast(tf.bitwise.right_shift(2 * world_size, tf.range(WORD_BITS)) > 0, tf.int32))
+    return TensorLayout(world_size, width, WORD_BITS // width)
+
+
+def _shifts(layout: LaneLayout | TensorLayout) -> tf.Tensor:
+    return tf.range(layout.lanes, dtype=tf.int32) * layout.width
+
+
+def stochastic_ternary(values: tf.Tensor, scale: tf.Tensor, noise: tf.Tensor) -> tf.Tensor:
+    """``sign(v)`` with probability ``|v| / scale``, else 0, as int8 (see core ``stochastic_ternary``)."""
+    keep = noise * scale < tf.abs(values)
+    return tf.cast(tf.sign(values) * tf.cast(keep, values.dtype), tf.int8)
+
+
+def pack_codes(codes: tf.Tensor, layout: LaneLayout | TensorLayout) -> tf.Tensor:
+    """Codes (each < 2**width) -> int32 words, ``layout.lanes`` codes per word."""
+    codes = tf.reshape(tf.cast(codes, tf.int32), [-1])
+    count = tf.size(codes)
+    lanes = tf.convert_to_tensor(layout.lanes, tf.int32)
+    padded = tf.pad(codes, [[0, (count + lanes - 1) // lanes * lanes - count]])
+    return tf.reduce_sum(tf.bitwise.left_shift(tf.reshape(padded, [-1, lanes]), _shifts(layout)), axis=1)
+
+
+def unpack_lanes(words: tf.Tensor, layout: LaneLayout | TensorLayout, count: int | tf.Tensor) -> tf.Tensor:
+    """int32 words (possibly summed over ranks) -> the first ``count`` lane values, as int32."""
+    lane_mask = tf.bitwise.left_shift(1, tf.convert_to_tensor(layout.width, tf.int32)) - 1
+    lanes = tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.reshape(words, [-1, 1]), _shifts(layout)), lane_mask)
+    return tf.reshape(lanes, [-1])[:count]
+
+
+def encode(ternary: tf.Tensor, layout: LaneLayout | TensorLayout) -> tf.Tensor:
+    """Ternary values -> int32 words of biased codes."""
+    return pack_codes(tf.cast(ternary, tf.int32) + CODE_OFFSET, layout)
+
+
+def decode(words: tf.Tensor, layout: LaneLayout | TensorLayout, count: int | tf.Tensor) -> tf.Tensor:
+    """Words summed over ``layout.world_size`` ranks -> the sum of their ternary values, as int32."""
+    return unpack_lanes(words, layout, count) - CODE_OFFSET * layout.world_size
