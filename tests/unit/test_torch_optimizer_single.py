@@ -88,4 +88,3 @@ def test_lr_scheduler_and_single_process_training():
     assert opt.param_groups[0]["lr"] == pytest.approx(0.025)
     assert int(opt.masks()["0.weight"].sum()) == 1024
     assert torch.count_nonzero(model[0].weight) <= 1024
-
