@@ -15,7 +15,7 @@ The full report (5 sparsities x 2 tasks) takes about an hour on 2 CPU cores::
 
 Packed-value encodings side by side (``--values``; the dense run happens once)::
 
-    .venv/bin/python scripts/accuracy.py --sparsities 0.9 --values fp16 ternary --out reports/accuracy/values
+    .venv/bin/python scripts/accuracy.py --sparsities 0 0.9 --values fp32 fp16 ternary --out reports/accuracy/values
 
 A tiny configuration proves the pipeline in a couple of minutes::
 
