@@ -40,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--test-batch-size", type=int, default=1000, help="evaluation batch size per worker")
     parser.add_argument("--epochs", type=int, default=2, help="epochs to train")
     parser.add_argument("--lr", type=float, default=0.05, help="learning rate per worker (scaled by the worker count)")
+    parser.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
+                        help="cosine: anneal to 0 over the run, so the last steps do not decide the test score")
     parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     parser.add_argument("--weight-decay", type=float, default=5e-4, help="SGD weight decay")
     parser.add_argument("--seed", type=int, default=42, help="random seed")
@@ -133,6 +135,8 @@ def train_epoch(model, optimizer, loader, epoch: int, state: dict, args, writer)
         loss = F.cross_entropy(output, labels)
         loss.backward()
         optimizer.step()
+        if state["scheduler"] is not None:
+            state["scheduler"].step()
         stats = optimizer.stats()
         tally.add(stats)
         state["tally"].add(stats)
@@ -205,7 +209,9 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"Fashion-MNIST on {hvd.size()} workers: {sum(p.numel() for p in model.parameters())} parameters, "
               f"{total_steps} steps, sparsity {args.sparsity} (prune steps {begin}..{end} every {frequency}), "
               f"fp16 {args.fp16}, values {args.values}", flush=True)
-    state = {"step": 0, "tally": WireTally(), "device": device}
+    scheduler = (torch.optim.lr_scheduler.CosineAnnealingLR(optimizer.optimizer, T_max=max(total_steps, 1))
+                 if args.lr_schedule == "cosine" else None)
+    state = {"step": 0, "tally": WireTally(), "device": device, "scheduler": scheduler}
     history = []
     started = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
@@ -224,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     last = history[-1] if history else {}
     result = dict(
-        example="fashion_mnist", world_size=hvd.size(), sparsity_target=args.sparsity, fp16=args.fp16, values=args.values,
+        example="fashion_mnist", world_size=hvd.size(), sparsity_target=args.sparsity, fp16=args.fp16, values=args.values, lr_schedule=args.lr_schedule,
         epochs=len(history), batch_size=args.batch_size, seed=args.seed, prune_schedule=[begin, end, frequency],
         sparsity=optimizer.stats()["sparsity"], test_accuracy=last.get("test_accuracy"),
         test_loss=last.get("test_loss"),

@@ -67,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lm-max-steps", type=int, default=None, help="cap on char-LM steps (tiny runs)")
     parser.add_argument("--lm-val-batches", type=int, default=20, help="char-LM validation batches per worker")
     parser.add_argument("--fp16", action="store_true", help="fp16 values on the wire in every run")
+    parser.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
+                        help="Fashion-MNIST learning-rate schedule (the char LM always anneals)")
     parser.add_argument("--values", nargs="+", choices=("fp32", "fp16", "ternary"), default=["fp32"],
                         help="PacTrain packed-value encodings to compare (the examples' --values)")
     parser.add_argument("--out", default=str(REPO_ROOT / "reports" / "accuracy"), help="report folder")
@@ -91,7 +93,8 @@ def example_args(task: Task, sparsity: float, values: str, args: argparse.Namesp
     if args.fp16:
         common.append("--fp16")
     if task.name == "fashion_mnist":
-        extra = ["--epochs", str(args.epochs)] + (["--max-steps", str(args.max_steps)] if args.max_steps else [])
+        extra = ["--epochs", str(args.epochs), "--lr-schedule", args.lr_schedule]
+        extra += ["--max-steps", str(args.max_steps)] if args.max_steps else []
     else:
         extra = ["--epochs", str(args.lm_epochs), "--val-batches", str(args.lm_val_batches)]
         extra += ["--max-steps", str(args.lm_max_steps)] if args.lm_max_steps else []
@@ -167,7 +170,8 @@ def write_markdown(path: Path, runs: list[dict], settings: dict) -> None:
     header = [
         "# Accuracy: dense Horovod vs PacTrain", "",
         f"{settings['np']} workers (horovodrun, Gloo), seed {settings['seed']}, same hyperparameters in every run; "
-        f"only `--sparsity` and `--values` change. Fashion-MNIST: {settings['epochs']} epochs"
+        f"only `--sparsity` and `--values` change. Fashion-MNIST: {settings['epochs']} epochs, "
+        f"{settings.get('lr_schedule', 'constant')} learning rate"
         + (f" (at most {settings['max_steps']} steps)" if settings["max_steps"] else "")
         + f"; char-LM: {settings['lm_epochs']} epochs"
         + (f" (at most {settings['lm_max_steps']} steps)" if settings["lm_max_steps"] else "")
@@ -217,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     for folder in (out, out / "runs", out / "logs"):
         folder.mkdir(parents=True, exist_ok=True)
     settings = {key: getattr(args, key) for key in ("np", "seed", "epochs", "lm_epochs", "max_steps", "lm_max_steps",
-                                                    "lm_val_batches", "fp16", "values", "sparsities", "tasks")}
+                                                    "lm_val_batches", "fp16", "values", "sparsities", "tasks",
+                                                    "lr_schedule")}
     runs = []
     for name, sparsity, values in planned_runs(args):
         runs.append(run_one(TASKS[name], sparsity, values, args, out))
