@@ -55,7 +55,6 @@ class KerasState(hvd_elastic.KerasState):
         super().__init__(model, optimizer=optimizer, **kwargs)
         self._bcast_model = self._broadcast  # Horovod's calls optimizer.variables(), a list under Keras 3
 
-
     def _variables(self) -> tuple[list[tf.Variable], list[tf.Variable]]:
         """The model's and the optimizer's variables, as ``tf.Variable`` (Horovod needs ``ref()``)."""
         return ([backing_variable(v) for v in self.model.variables],
