@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=42, help="random seed")
     parser.add_argument("--fp16", "--fp16-allreduce", dest="fp16", action="store_true",
                         help="fp16 values on the wire (hvd.Compression.fp16)")
+    parser.add_argument("--dense-embeddings", action="store_true",
+                        help="prune only the decoder blocks: embeddings and output head stay dense")
     parser.add_argument("--values", choices=("fp32", "fp16", "ternary"), default="fp32",
                         help="how PacTrain sends packed (surviving) values; fp32 leaves them to --fp16")
     parser.add_argument("--sparsity", type=float, default=0.9, help="final PacTrain sparsity; 0 is plain Horovod")
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
     # The PacTrain line: was hvd.DistributedOptimizer(optimizer, named_parameters=..., compression=...).
     optimizer = pt.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), compression=compression,
                                         sparsity=args.sparsity, begin_step=begin, end_step=end, frequency=frequency,
-                                        values=args.values)
+                                        values=args.values, prunable=["blocks.*"] if args.dense_embeddings else None)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer.optimizer, T_max=max(total_steps, 1))
@@ -245,6 +247,7 @@ def main(argv: list[str] | None = None) -> dict:
     last = history[-1] if history else {}
     result = dict(
         example="char_lm", world_size=hvd.size(), sparsity_target=args.sparsity, fp16=args.fp16, values=args.values,
+        dense_embeddings=args.dense_embeddings,
         epochs=len(history), batch_size=args.batch_size, block_size=args.block_size, seed=args.seed,
         prune_schedule=[begin, end, frequency], sparsity=optimizer.stats()["sparsity"],
         val_loss=last.get("val_loss"), val_perplexity=last.get("val_perplexity"), train_loss=last.get("train_loss"),
