@@ -6,7 +6,7 @@ from pactrain_hvd.core.errors import CheckpointError, MaskMismatchError, WorldSi
 from pactrain_hvd.core.fingerprint import check_fingerprints, describe_mismatches, fingerprint_table, mask_fingerprint
 from pactrain_hvd.core.masks import magnitude_masks, num_to_keep, prunable_predicate, validate_mask
 from pactrain_hvd.core.plan import should_pack
-from pactrain_hvd.core.resume import check_saved_world_size
+from pactrain_hvd.core.resume import check_saved_world_size, saved_by_this_rank, while_running
 from pactrain_hvd.core.schedule import PolynomialSchedule
 
 __all__ = [
@@ -19,6 +19,8 @@ __all__ = [
     "WorldSizeChangedWarning",
     "check_fingerprints",
     "check_saved_world_size",
+    "saved_by_this_rank",
+    "while_running",
     "describe_mismatches",
     "fingerprint_table",
     "magnitude_masks",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 from pactrain_hvd.core.errors import CheckpointError, WorldSizeChangedWarning
 
@@ -23,3 +24,19 @@ def check_saved_world_size(saved: object, current: int) -> None:
         warnings.warn(f"checkpoint was saved with world size {saved}, loading it with {current}: masks and schedule "
                       "position carry over unchanged; rescale a learning rate or batch size you derived from "
                       "hvd.size() yourself", WorldSizeChangedWarning, stacklevel=3)
+
+
+def while_running(query: Callable[[], int]) -> int | None:
+    """``query()`` (a Horovod process set's ``rank`` or ``size``), or None while Horovod is down:
+    an elastic restore runs between a failure and the re-init."""
+    try:
+        return query()
+    except (ValueError, RuntimeError):
+        return None
+
+
+def saved_by_this_rank(saved_rank: int, rank: Callable[[], int]) -> bool:
+    """Whether per-rank state (ternary error memory, rounding noise) saved by ``saved_rank`` is this
+    process's: the same rank, or any while Horovod is down (an elastic rollback restores its own)."""
+    current = while_running(rank)
+    return current is None or current == saved_rank

@@ -39,6 +39,7 @@ from pactrain_hvd.core import (
     StepStats,
     TensorStats,
     check_saved_world_size,
+    saved_by_this_rank,
     should_pack,
 )
 from pactrain_hvd.core.config import DEFAULT_VERIFY_EVERY, check_values
@@ -618,11 +619,7 @@ class PacTrainState(tf.train.experimental.PythonState):
         if ternary is None or self._ternary is None:
             return None
         rank, _, by_position = ternary
-        try:
-            current = self.process_set.rank()
-        except (ValueError, RuntimeError):
-            current = None  # Horovod is down: an elastic rollback restores this process's own state
-        if current is not None and rank != current:
+        if not saved_by_this_rank(rank, self.process_set.rank):
             return None
         residuals = {}
         for position, residual in by_position.items():

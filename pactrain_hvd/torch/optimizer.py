@@ -27,7 +27,9 @@ from pactrain_hvd.core import (
     StepStats,
     TensorStats,
     check_saved_world_size,
+    saved_by_this_rank,
     should_pack,
+    while_running,
 )
 from pactrain_hvd.core.config import DEFAULT_VERIFY_EVERY, check_values
 from pactrain_hvd.core.lanes import SCALE_BYTES, ternary_layout
@@ -496,7 +498,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         state["pactrain"] = {
             "step": self._step,
             "sparsity": self.config.sparsity,
-            "world_size": _world_size(self.process_set),
+            "world_size": while_running(self.process_set.size),
             "masks": {name: mask.cpu().clone() for name, mask in self._pruner.masks.items()},
         }
         if self._ternary is not None:
@@ -523,7 +525,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 masks = self._pruner.validate(_host_masks(pactrain["masks"]))
             except (TypeError, ValueError) as error:
                 raise CheckpointError(f"checkpoint does not fit this model: {error}") from error
-            current = _world_size(self.process_set)
+            current = while_running(self.process_set.size)
             if current is not None:
                 check_saved_world_size(pactrain.get("world_size"), current)
             ternary = self._saved_ternary(pactrain.get("ternary"), masks)
@@ -548,27 +550,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return None
         if not isinstance(saved, dict) or not {"rank", "noise", "residuals"} <= set(saved):
             raise CheckpointError("the 'ternary' entry of the 'pactrain' state needs 'rank', 'noise' and 'residuals'")
-        rank = _rank(self.process_set)
-        if rank is not None and saved["rank"] != rank:
+        if not saved_by_this_rank(saved["rank"], self.process_set.rank):
             return None
         self._ternary.memory.validate(saved["residuals"], {name: int(mask.sum()) for name, mask in masks.items()})
         return saved
-
-
-def _world_size(process_set: hvd.ProcessSet) -> int | None:
-    """None while Horovod is down (an elastic restore runs between a failure and the re-init)."""
-    try:
-        return process_set.size()
-    except (ValueError, RuntimeError):
-        return None
-
-
-def _rank(process_set: hvd.ProcessSet) -> int | None:
-    """This process's rank, or None while Horovod is down (as ``_world_size``)."""
-    try:
-        return process_set.rank()
-    except (ValueError, RuntimeError):
-        return None
 
 
 def _host_masks(masks: dict[str, Any]) -> dict[str, np.ndarray]:
