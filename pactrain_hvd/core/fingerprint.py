@@ -1,7 +1,17 @@
-"""Mask fingerprints: a few int64 words per tensor that ranks exchange to prove masks agree."""
+"""Mask Tracker fingerprints: a few int64 words per prunable tensor that ranks exchange to prove they agree.
+
+One table per rank: a header row ``(number of prunable tensors, hash of their names, schedule
+step)``, then one fixed row per prunable name ``(surviving count, position hash, weight digest)``.
+A tensor without a mask and a tensor whose mask keeps everything have the same row, so the table's
+shape depends only on the names, never on which masks a rank happens to hold. Ranks allgather
+their tables (Horovod concatenates tables of any length) and every rank parses the same bytes, so
+every disagreement is the same ``MaskMismatchError`` on every rank.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -10,46 +20,118 @@ from pactrain_hvd.core.errors import MaskMismatchError
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
+_COLUMNS = 3
+
+BROADCAST_PARAMETERS_HINT = {
+    "torch": "hvd.broadcast_parameters(model.state_dict(), root_rank=0)",
+    "tensorflow": "hvd.broadcast_variables(model.variables, root_rank=0) (Keras: BroadcastGlobalVariablesCallback(0))",
+}
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def mask_fingerprint(mask: np.ndarray) -> tuple[int, int]:
-    """(surviving count, order-free hash of the surviving flat positions).
+    """(surviving count, order-free hash of the surviving flat positions); hash 0 when nothing is pruned.
 
     Masks with the same count at different positions get different hashes
     (splitmix64-style mixing of each position, summed mod 2**64).
     """
-    positions = np.flatnonzero(np.asarray(mask).ravel()).astype(np.uint64)
+    flat = np.asarray(mask).ravel()
+    positions = np.flatnonzero(flat).astype(np.uint64)
+    if positions.size == flat.size:
+        return int(positions.size), 0
     with np.errstate(over="ignore"):
         mixed = (positions + np.uint64(1)) * _GOLDEN
         mixed ^= mixed >> np.uint64(31)
         mixed *= _MIX
         mixed ^= mixed >> np.uint64(29)
         digest = int(mixed.sum(dtype=np.uint64))
-    return int(positions.size), digest - (1 << 64) if digest >= 1 << 63 else digest
+    return int(positions.size), _signed(digest)
 
 
-def describe_mismatches(names: Sequence[str], gathered: np.ndarray) -> list[str]:
-    """Given fingerprints of every rank, shape (world, len(names), 2), list disagreements."""
+def weight_digest(total: float) -> int:
+    """A float64 summary of a weight tensor (e.g. its sum) as an int64 word: equal weights, equal word."""
+    return struct.unpack("<q", struct.pack("<d", float(total)))[0]
+
+
+def _names_hash(names: Sequence[str]) -> int:
+    digest = hashlib.blake2b("\0".join(names).encode(), digest_size=8).digest()
+    return struct.unpack("<q", digest)[0]
+
+
+def fingerprint_table(
+    prunable: Mapping[str, int],
+    masks: Mapping[str, np.ndarray],
+    step: int,
+    weight_sums: Mapping[str, float] | None = None,
+) -> np.ndarray:
+    """This rank's table, shape ``(1 + len(prunable), 3)``, int64.
+
+    ``prunable``: ``{name: numel}`` of every prunable tensor; ``masks``: the masks held (a missing
+    one counts as all kept); ``weight_sums``: ``{name: float}`` summarising the weights the masks
+    were ranked on (only used to explain a disagreement).
+    """
+    names = sorted(prunable)
+    weight_sums = weight_sums or {}
+    rows = [(len(names), _names_hash(names), int(step))]
+    for name in names:
+        kept, positions = mask_fingerprint(masks[name]) if name in masks else (int(prunable[name]), 0)
+        rows.append((kept, positions, weight_digest(weight_sums.get(name, 0.0))))
+    return np.array(rows, dtype=np.int64)
+
+
+def _split_tables(gathered: np.ndarray, world_size: int) -> list[np.ndarray]:
+    """Each rank's table from the concatenation (each starts with its own row count)."""
+    gathered = np.asarray(gathered, dtype=np.int64).reshape(-1, _COLUMNS)
+    tables, start = [], 0
+    for _ in range(world_size):
+        rows = 1 + int(gathered[start, 0])
+        tables.append(gathered[start:start + rows])
+        start += rows
+    return tables
+
+
+def describe_mismatches(names: Sequence[str], tables: Sequence[np.ndarray]) -> list[str]:
+    """Given every rank's table (same names), list the tensors whose masks disagree."""
     problems = []
-    for index, name in enumerate(names):
-        per_rank = [tuple(int(x) for x in gathered[rank, index]) for rank in range(gathered.shape[0])]
-        reference = per_rank[0]
-        odd = [rank for rank, fp in enumerate(per_rank) if fp != reference]
+    for index, name in enumerate(names, start=1):
+        per_rank = [tuple(int(x) for x in table[index, :2]) for table in tables]
+        odd = [rank for rank, fp in enumerate(per_rank) if fp != per_rank[0]]
         if odd:
             counts = ", ".join(f"rank {r}: {fp[0]} kept" for r, fp in enumerate(per_rank))
             problems.append(f"{name!r}: ranks {odd} differ from rank 0 ({counts})")
     return problems
 
 
-def fingerprint_table(masks: Mapping[str, np.ndarray]) -> tuple[list[str], np.ndarray]:
-    """Sorted names and their fingerprints, shape (len(names), 2); one dummy row when empty."""
-    names = sorted(masks)
-    rows = [mask_fingerprint(masks[name]) for name in names] or [(0, 0)]
-    return names, np.array(rows, dtype=np.int64)
+def check_fingerprints(names: Sequence[str], gathered: np.ndarray, world_size: int, frontend: str, hint: str) -> None:
+    """Raise ``MaskMismatchError`` on any disagreement, with its most likely cause.
 
-
-def check_fingerprints(names: Sequence[str], gathered: np.ndarray, world_size: int, hint: str) -> None:
-    """Raise ``MaskMismatchError`` (on every rank: all see the same ``gathered``) on disagreement."""
-    problems = describe_mismatches(names, np.asarray(gathered).reshape(world_size, -1, 2))
-    if problems:
-        raise MaskMismatchError("pruning masks differ across ranks: " + "; ".join(problems) + ". " + hint)
+    Every rank holds the same ``gathered``, so every rank raises the same error. Causes, in order:
+    different prunable tensors (different models), weights that differ (the ranks were never given
+    one rank's weights), a different schedule position, masks that differ (``hint``: how to share them).
+    """
+    names = sorted(names)
+    tables = _split_tables(gathered, world_size)
+    headers = [tuple(int(x) for x in table[0]) for table in tables]
+    if len({header[:2] for header in headers}) > 1:
+        counts = ", ".join(f"rank {r}: {h[0]}" for r, h in enumerate(headers))
+        raise MaskMismatchError(f"ranks prune different sets of tensors (prunable tensors per rank: {counts}): "
+                                "every rank must build the same model and pass the same prunable= / masks=")
+    problems = describe_mismatches(names, tables)
+    steps = sorted({header[2] for header in headers})
+    if not problems and len(steps) == 1:
+        return
+    weights_differ = [name for index, name in enumerate(names, start=1)
+                      if len({int(table[index, 2]) for table in tables}) > 1]
+    if weights_differ:
+        raise MaskMismatchError(
+            f"weights differ across ranks ({', '.join(repr(n) for n in weights_differ[:5])}"
+            f"{', ...' if len(weights_differ) > 5 else ''}), so masks ranked on them differ too"
+            f"{': ' + '; '.join(problems) if problems else ''}. Give every rank the same weights before the first "
+            f"step, and after loading a checkpoint on one rank: {BROADCAST_PARAMETERS_HINT[frontend]}.")
+    if len(steps) > 1:
+        per_rank = ", ".join(f"rank {r}: {h[2]}" for r, h in enumerate(headers))
+        problems.append(f"schedule position differs ({per_rank})")
+    raise MaskMismatchError("pruning masks differ across ranks: " + "; ".join(problems) + ". " + hint)
