@@ -29,7 +29,7 @@ run() {
 
 run lint "$VENV/bin/ruff" check .
 run unit "$PY" -m pytest "${PYTEST[@]}" tests/unit
-run "torch x2 (gloo)" "$VENV/bin/horovodrun" -np 2 -H localhost:2 --gloo \
+run "torch x2 (gloo)" env HOROVOD_DYNAMIC_PROCESS_SETS=1 "$VENV/bin/horovodrun" -np 2 -H localhost:2 --gloo \
   "$PY" -m pytest "${PYTEST[@]}" tests/parallel/torch
 run "tensorflow x2 (gloo)" "$VENV/bin/horovodrun" -np 2 -H localhost:2 --gloo \
   "$PY" -m pytest "${PYTEST[@]}" tests/parallel/tensorflow

@@ -108,9 +108,9 @@ def describe_mismatches(names: Sequence[str], tables: Sequence[np.ndarray]) -> l
 def check_fingerprints(names: Sequence[str], gathered: np.ndarray, world_size: int, frontend: str, hint: str) -> None:
     """Raise ``MaskMismatchError`` on any disagreement, with its most likely cause.
 
-    Every rank holds the same ``gathered``, so every rank raises the same error. Causes, in order:
-    different prunable tensors (different models), weights that differ (the ranks were never given
-    one rank's weights), a different schedule position, masks that differ (``hint``: how to share them).
+    Every rank holds the same ``gathered``, so every rank raises the same error. It names what differs
+    (the set of prunable tensors, masks, the schedule position) and, when the weights differ too, the
+    likely cause: ranks never given one rank's weights. ``hint``: how to share masks.
     """
     names = sorted(names)
     tables = _split_tables(gathered, world_size)
@@ -120,18 +120,16 @@ def check_fingerprints(names: Sequence[str], gathered: np.ndarray, world_size: i
         raise MaskMismatchError(f"ranks prune different sets of tensors (prunable tensors per rank: {counts}): "
                                 "every rank must build the same model and pass the same prunable= / masks=")
     problems = describe_mismatches(names, tables)
-    steps = sorted({header[2] for header in headers})
-    if not problems and len(steps) == 1:
+    if len({header[2] for header in headers}) > 1:
+        problems.append("schedule position differs (" + ", ".join(f"rank {r}: {h[2]}" for r, h in enumerate(headers)) + ")")
+    if not problems:
         return
+    message = "pruning masks differ across ranks: " + "; ".join(problems) + "."
     weights_differ = [name for index, name in enumerate(names, start=1)
                       if len({int(table[index, 2]) for table in tables}) > 1]
     if weights_differ:
-        raise MaskMismatchError(
-            f"weights differ across ranks ({', '.join(repr(n) for n in weights_differ[:5])}"
-            f"{', ...' if len(weights_differ) > 5 else ''}), so masks ranked on them differ too"
-            f"{': ' + '; '.join(problems) if problems else ''}. Give every rank the same weights before the first "
-            f"step, and after loading a checkpoint on one rank: {BROADCAST_PARAMETERS_HINT[frontend]}.")
-    if len(steps) > 1:
-        per_rank = ", ".join(f"rank {r}: {h[2]}" for r, h in enumerate(headers))
-        problems.append(f"schedule position differs ({per_rank})")
-    raise MaskMismatchError("pruning masks differ across ranks: " + "; ".join(problems) + ". " + hint)
+        shown = ", ".join(repr(name) for name in weights_differ[:5]) + (", ..." if len(weights_differ) > 5 else "")
+        message += (f" Weights differ too ({shown}), and masks are ranked on them: give every rank the same weights "
+                    f"before the first step, and after loading a checkpoint on one rank, with "
+                    f"{BROADCAST_PARAMETERS_HINT[frontend]}.")
+    raise MaskMismatchError(f"{message} {hint}")

@@ -9,7 +9,9 @@ only difference is what each all-reduce carries: for a pruned tensor, the surviv
 from __future__ import annotations
 
 import numbers
+import os
 import warnings
+import weakref
 from collections.abc import Iterable
 from contextlib import contextmanager
 from typing import Any
@@ -20,6 +22,7 @@ import torch
 from horovod.common.util import split_list
 from horovod.torch.compression import Compression, Compressor
 from horovod.torch.mpi_ops import allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async, synchronize
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from pactrain_hvd.core import (
     CheckpointError,
@@ -44,6 +47,8 @@ _OTHER_OPS = {hvd.Adasum: "Adasum", hvd.Product: "Product"}
 # Horovod's torch all-reduce carries fp16/fp32/fp64 gradients (bf16 travels as fp32, see compression.py);
 # complex gradients it rejects mid-step ("Tensor type torch.ComplexFloatTensor is not supported").
 _REDUCIBLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# PacTrain's entries in a prunable parameter's optimizer state (see DistributedOptimizer.state_dict)
+_MASK_KEY, _STEP_KEY = "pactrain.mask", "pactrain.step"
 
 
 def _require_initialized() -> None:
@@ -52,7 +57,8 @@ def _require_initialized() -> None:
 
 
 def _named_parameters(optimizer: torch.optim.Optimizer, named_parameters: Iterable | None) -> dict[str, torch.Tensor]:
-    """Validate names exactly as Horovod does, plus: every named parameter is optimized."""
+    """Validate names exactly as Horovod does; names of parameters the optimizer does not hold are ignored, as
+    there (fine-tuning: ``SGD(model.head.parameters())`` with ``model.named_parameters()``)."""
     optimized = [p for group in optimizer.param_groups for p in group["params"]]
     if named_parameters is None:
         return {f"allreduce.noname.{i}.{j}": p for i, g in enumerate(optimizer.param_groups) for j, p in enumerate(g["params"])}
@@ -68,10 +74,7 @@ def _named_parameters(optimizer: torch.optim.Optimizer, named_parameters: Iterab
     if unnamed:
         raise ValueError(f"named_parameters was given, but optimizer parameters at positions {unnamed} are not named")
     optimized_ids = {id(p) for p in optimized}
-    stray = [name for name, p in pairs if id(p) not in optimized_ids]
-    if stray:
-        raise ValueError(f"named_parameters names parameters the optimizer does not update: {', '.join(stray)}")
-    return dict(sorted(pairs, key=lambda pair: pair[0]))
+    return dict(sorted(((name, p) for name, p in pairs if id(p) in optimized_ids), key=lambda pair: pair[0]))
 
 
 def _check_dtypes(parameters: dict[str, torch.Tensor]) -> None:
@@ -80,6 +83,21 @@ def _check_dtypes(parameters: dict[str, torch.Tensor]) -> None:
         if p.requires_grad and p.dtype not in _REDUCIBLE_DTYPES:
             raise TypeError(f"parameter {name!r} has dtype {p.dtype}: Horovod all-reduces float16, bfloat16 (as float32), "
                             "float32 and float64 gradients; convert it or set requires_grad=False")
+
+
+# Which DistributedOptimizer's hooks a parameter carries: wrapping it again hands it over (Horovod's
+# wrapper leaves both instances all-reducing).
+_HOOK_OWNERS = WeakTensorKeyDictionary()
+
+
+def _take_over(p: torch.Tensor, new_owner: DistributedOptimizer) -> None:
+    owner = _HOOK_OWNERS.get(p)
+    previous = owner() if owner is not None else None
+    if previous is not None and previous is not new_owner and not previous._detached:
+        warnings.warn(f"parameter {new_owner._names[p]!r} was wrapped by another pt.DistributedOptimizer: that one's "
+                      "gradient hooks are removed and it can no longer step", stacklevel=3)
+        previous._detach()
+    _HOOK_OWNERS[p] = weakref.ref(new_owner)
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -120,9 +138,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         backward_passes_per_step: int = 1,
         op: int = hvd.Average,
         gradient_predivide_factor: float = 1.0,
+        num_groups: int = 0,
         groups: int | list[list[torch.Tensor]] | None = None,
         sparse_as_dense: bool = False,
         process_set: hvd.ProcessSet = hvd.global_process_set,
+        *,
         sparsity: float = 0.9,
         begin_step: int = 0,
         end_step: int = 1000,
@@ -137,8 +157,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         continue_pruning: bool = False,
     ) -> None:
         # Everything is validated before the first collective call.
-        if not isinstance(optimizer, torch.optim.Optimizer) or isinstance(optimizer, DistributedOptimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer (not already distributed), got {type(optimizer).__name__}")
+        if (not isinstance(optimizer, torch.optim.Optimizer) or isinstance(optimizer, DistributedOptimizer)
+                or type(optimizer).__module__ == hvd.DistributedOptimizer.__module__):
+            raise TypeError(f"optimizer must be a plain torch.optim.Optimizer, not one already wrapped in a "
+                            f"DistributedOptimizer (Horovod's or ours), got {type(optimizer).__name__}")
+        if num_groups != 0:
+            warnings.warn("num_groups has been replaced by groups (as in Horovod)", DeprecationWarning, stacklevel=2)
+            groups = num_groups if groups is None else groups
+        parameters = _named_parameters(optimizer, named_parameters)
         plan_overrides = {k: v for k, v in (("pack_min_numel", pack_min_numel), ("pack_max_density", pack_max_density)) if v is not None}
         self.config = PacTrainConfig(
             sparsity=schedule_sparsity(sparsity, masks is not None, continue_pruning), begin_step=begin_step,
@@ -157,7 +183,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         check_values(values, _SUPPORTED_OPS[op], groups is not None)
         _require_initialized()
         self._optimizer = optimizer
-        self._parameters = _named_parameters(optimizer, named_parameters)
+        self._parameters = parameters
         _check_dtypes(self._parameters)
         self._names = {p: name for name, p in self._parameters.items()}
         own_masks, self._prune_buffers = resolve_masks(masks, self._names) if masks is not None else ({}, {})
@@ -172,7 +198,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         prunable_names = sorted(own_masks) if own_masks and prunable is None else select_prunable(self._parameters, prunable)
         self._pruner = Pruner(self._parameters, prunable_names, self.config.schedule, self.config.ranking, process_set)
         self._step = 0
-        self._verify_pending = False
+        # Horovod's rule: a rank communicates if it is in the process set and there is someone to talk to.
+        self._communicating = process_set.included() and (hvd.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
+        # Masks can differ only where some are pruned; then every rank proves them at its first step (every
+        # rank knows that step: a mask set or loaded on one rank alone is caught there, not a hang).
+        self._tracking = bool(prunable_names) and (self.config.sparsity > 0 or bool(own_masks))
+        self._verify_pending = self._tracking and self._communicating
+        self._exported: dict | None = None  # the PacTrain state last handed out by state_dict(), see _adopt_exported
         self._stats = StepStats()
         self.values = values
         layout = ternary_layout(process_set.size()) if values == "ternary" else None
@@ -192,11 +224,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._groups = self._form_groups(groups) if groups is not None else None
         self._group_counts = {group: 0 for group in set((self._groups or {}).values())}
         self._hook_handles = []
-        if process_set.included():
+        self._detached = False
+        if self._communicating:
             for p in self._parameters.values():
                 if p.requires_grad:
                     self._requires_update.add(p)
                     self._hook_handles.append(p.register_post_accumulate_grad_hook(self._on_gradient_ready))
+                    _take_over(p, self)
 
     # -- what a torch.optim.Optimizer exposes, shared with the wrapped optimizer ----------------
     @property
@@ -226,6 +260,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
     @defaults.setter
     def defaults(self, value: dict) -> None:
         self._optimizer.defaults = value
+
+    def register_step_pre_hook(self, hook):
+        """Runs before the wrapped optimizer's update, after the gradients are reduced (``hook(inner, args, kwargs)``)."""
+        return self._optimizer.register_step_pre_hook(hook)
+
+    def register_step_post_hook(self, hook):
+        """Runs after the wrapped optimizer's update, before pruned weights are re-zeroed (``hook(inner, args, kwargs)``)."""
+        return self._optimizer.register_step_post_hook(hook)
+
+    def _detach(self) -> None:
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles = []
+        self._detached = True
+
+    def _check_attached(self) -> None:
+        if self._detached:
+            raise RuntimeError("this pt.DistributedOptimizer was replaced: another one wraps its parameters now")
 
     def add_param_group(self, param_group: dict) -> None:
         raise NotImplementedError("add parameter groups to the optimizer before wrapping it in DistributedOptimizer")
@@ -258,14 +310,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def set_masks(self, masks: dict[str, Any]) -> None:
         """Replace the masks (bool tensors or arrays by parameter name); local, no communication.
 
-        Ranks are proven to agree before the next gradient is communicated.
+        Ranks prove they agree at the first step, then every ``verify_every`` steps.
         """
         self._install_masks(self._pruner.validate(_host_masks(masks)))
 
-    def _install_masks(self, masks: dict[str, np.ndarray]) -> None:
-        self._pruner.install(masks)
+    def _install_masks(self, masks: dict[str, np.ndarray], zero_weights: bool = True) -> None:
+        self._exported = None
+        self._pruner.install(masks, zero_weights)
         self._after_mask_change()
-        self._verify_pending = True
 
     def _after_mask_change(self) -> None:
         self._pruner.clear_optimizer_state(self._optimizer.state)
@@ -273,9 +325,66 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._rebuild_plan()
 
     def _verify_if_pending(self) -> None:
+        """Before the step's first communication: take state Horovod broadcast into ``state_dict()``'s
+        tensors, then run a Mask Tracker check that every rank has due at this step."""
+        self._adopt_exported()
         if self._verify_pending:
-            self._pruner.verify()
+            self._pruner.verify(self._step)
             self._verify_pending = False
+
+    def _verify_now(self) -> None:
+        """After a collective call every rank makes (broadcasts, elastic sync): the check is due everywhere."""
+        self._verify_pending = self._tracking and self._communicating
+        self._verify_if_pending()
+
+    def _export(self) -> dict:
+        """The PacTrain state as tensors for ``state_dict()``: a uint8 mask per prunable tensor (all kept where
+        none) and the schedule position. Kept so that what ``hvd.broadcast_optimizer_state`` writes into
+        them in place reaches this optimizer (``_adopt_exported``)."""
+        names = self._pruner.prunable_names if self._tracking else sorted(self._pruner.masks)
+        masks = {name: (self._pruner.masks[name].to(torch.uint8).cpu() if name in self._pruner.masks
+                        else torch.ones(self._parameters[name].shape, dtype=torch.uint8)) for name in names}
+        self._exported = {"step": torch.tensor([self._step], dtype=torch.int64), "masks": masks}
+        return self._exported
+
+    def _adopt_exported(self) -> None:
+        """Local: if the exported tensors changed (Horovod broadcast another rank's state into them), take it.
+        Weights are not touched: they came with ``hvd.broadcast_parameters``, and autograd may be reading them."""
+        exported, self._exported = self._exported, None
+        if exported is None:
+            return
+        step = int(exported["step"][0])
+        masks = _host_masks(exported["masks"], flags=True)
+        held = {name: mask.cpu().numpy() for name, mask in self._pruner.masks.items()}
+        if step == self._step and masks.keys() >= held.keys() and all(
+                np.array_equal(mask, held[name]) if name in held else mask.all() for name, mask in masks.items()):
+            return
+        self._step = step
+        self._install_masks(self._pruner.validate(masks), zero_weights=False)
+
+    def _is_state_initialisation(self) -> bool:
+        """``hvd.broadcast_optimizer_state`` on a rank whose optimizer has no state sets every gradient to
+        zeros and calls ``step()`` with no backward pass; Horovod makes that step local for its own wrapper
+        (other ranks never join it), so ours recognises it."""
+        return (not self._optimizer.state and not self._handles and not self._synchronized
+                and all(p.grad is not None and not p.grad.is_sparse and not p.grad.any()
+                        for group in self.param_groups for p in group["params"] if p.requires_grad))
+
+    @torch.no_grad()
+    def _initialise_state(self) -> None:
+        """The wrapped optimizer's step on zero gradients, locally: it creates the state (momentum, moments)
+        Horovod then overwrites with the root's. Weights are put back (Horovod's own wrapper lets weight decay
+        shrink them, on the resuming ranks only); the schedule does not move."""
+        parameters = [p for group in self.param_groups for p in group["params"]]
+        weights = [p.detach().clone() for p in parameters]
+        if isinstance(self._optimizer, torch.optim.SparseAdam):  # Horovod's special case, for its own class
+            for p in parameters:
+                if p.grad is not None:
+                    p.grad = p.grad.to_sparse()
+        self._optimizer.step()
+        for p, weight in zip(parameters, weights):
+            p.copy_(weight)
+            self._optimizer.state[p]  # an entry for every parameter: the state is no longer empty  # noqa: B018
 
     def _rebuild_plan(self) -> None:
         """Per tensor: packed, dense-masked or untouched. Same masks, so same plan on every rank."""
@@ -334,11 +443,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
             p.grad = torch.zeros_like(p)
         grad = p.grad
         if grad.is_sparse:
-            if not self.sparse_as_dense and p not in self._warned_sparse:
+            if self.sparse_as_dense:
+                return grad.to_dense()  # p.grad becomes sparse again after the reduction, as in Horovod
+            if p not in self._warned_sparse:
                 self._warned_sparse.add(p)
                 reason = "it is pruned" if self._compressors[p].mask is not None else "it is in a group"
-                warnings.warn(f"parameter {self._names[p]!r} has a sparse gradient and {reason}: it travels dense, as with "
-                              "sparse_as_dense=True (pass that to silence this)", stacklevel=2)
+                warnings.warn(f"parameter {self._names[p]!r} has a sparse gradient and {reason}: it travels dense "
+                              "(pass sparse_as_dense=True to silence this)", stacklevel=2)
             grad = grad.to_dense()
             p.grad = grad
         return grad
@@ -366,17 +477,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._record(p, words, extra_bytes=SCALE_BYTES)
         return {p: (handle, ctx) for p, (handle, ctx, _) in zip(params, launched)}
 
+    def _scale_factors(self) -> dict[str, float]:
+        """Split the average like Horovod: the C++ side applies the extra 1/size."""
+        if self.op != hvd.Average:
+            return {"prescale_factor": 1.0, "postscale_factor": 1.0}
+        return {"prescale_factor": 1.0 / self.gradient_predivide_factor, "postscale_factor": self.gradient_predivide_factor}
+
     def _allreduce_grad_async(self, p: torch.Tensor) -> tuple[Any, Any]:
         if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense and self._compressors[p].mask is None:
             return self._sparse_allreduce_grad_async(p)
         wire, ctx = self._compress(p)
-        if self.op == hvd.Average:
-            # Split the average like Horovod: the C++ side applies the extra 1/size.
-            prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        else:
-            prescale = postscale = 1.0
-        handle = allreduce_async_(wire, name=self._names[p], op=self.op, prescale_factor=prescale,
-                                  postscale_factor=postscale, process_set=self.process_set)
+        handle = allreduce_async_(wire, name=self._names[p], op=self.op, process_set=self.process_set,
+                                  **self._scale_factors())
         return handle, ctx
 
     def _sparse_allreduce_grad_async(self, p: torch.Tensor) -> tuple[Any, None]:
@@ -392,7 +504,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _grouped_allreduce_grad_async(self, group: tuple) -> tuple[Any, Any]:
         wires, ctxs = zip(*[self._compress(p) for p in group])
-        handle = grouped_allreduce_async_(list(wires), name=self._names[group[0]], op=self.op, process_set=self.process_set)
+        # Horovod's own grouped path drops gradient_predivide_factor; ours honours it, as ungrouped
+        handle = grouped_allreduce_async_(list(wires), name=self._names[group[0]], op=self.op, process_set=self.process_set,
+                                          **self._scale_factors())
         return handle, ctxs
 
     def _on_gradient_ready(self, p: torch.Tensor) -> None:
@@ -418,7 +532,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self) -> None:
         """Wait for every gradient all-reduce and write the reduced gradients back."""
-        if not self.process_set.included():
+        self._check_attached()
+        if not self._communicating:
             self._synchronized = True
             return
         started: set[torch.Tensor] = set()
@@ -437,19 +552,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if isinstance(key, tuple):
                 for p, output, p_ctx in zip(key, synchronize(handle), ctx):
                     self._delay[p] = self.backward_passes_per_step
-                    p.grad.set_(self._compressors[p].decompress(output, p_ctx))
+                    self._write_back(p, self._compressors[p].decompress(output, p_ctx))
                 self._group_counts[key] = 0
             else:
                 self._delay[key] = self.backward_passes_per_step
                 if self._groups is not None:
                     self._group_counts[self._groups[key]] = 0
-                if callable(handle):  # a sparse allgather: sparse gradients do not support set_
-                    key.grad.zero_().add_(handle())
-                else:
-                    key.grad.set_(self._compressors[key].decompress(synchronize(handle), ctx))
+                self._write_back(key, handle() if callable(handle)  # a sparse allgather
+                                 else self._compressors[key].decompress(synchronize(handle), ctx))
         self._handles.clear()
         self._stats.step = self._step
         self._synchronized = True
+
+    @staticmethod
+    def _write_back(p: torch.Tensor, reduced: torch.Tensor) -> None:
+        if p.grad.is_sparse:  # sparse gradients do not support set_; sparse_as_dense made them dense on the wire
+            p.grad.zero_().add_(reduced if reduced.is_sparse else reduced.to_sparse())
+        else:
+            p.grad.set_(reduced)
 
     @contextmanager
     def skip_synchronize(self):
@@ -461,21 +581,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = True
 
     def step(self, closure=None):
+        self._check_attached()
+        if self._is_state_initialisation():
+            self._initialise_state()
+            return None
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
                               "optimizer.synchronize(). This can cause training slowdown.", stacklevel=2)
             self.synchronize()
         self._synchronized = False
+        self._verify_if_pending()
         if self.config.schedule.is_update_step(self._step):
-            self._pruner.update(self._step)
+            self._pruner.update(self._step, verify=self._communicating)
             self._after_mask_change()
             self._pruner.mask_gradients()  # this step's gradients were reduced under the old mask
-        self._verify_if_pending()
         loss = self._optimizer.step(closure)
         self._pruner.apply_to_weights()
         self._step += 1
-        if self.config.verify_every and self._step % self.config.verify_every == 0:
+        if self._tracking and self._communicating and self.config.verify_every and self._step % self.config.verify_every == 0:
             self._verify_pending = True  # checked before the next step's first all-reduce
         return loss
 
@@ -493,14 +617,29 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The wrapped optimizer's state dict plus ``"pactrain"``: schedule position and masks, and
-        with ``values="ternary"`` this rank's error memory and rounding noise (``"ternary"``)."""
+        with ``values="ternary"`` this rank's error memory and rounding noise (``"ternary"``).
+
+        Where the wrapped optimizer has state, each prunable parameter's entry also holds its mask
+        (``"pactrain.mask"``, the same uint8 tensor as in ``["pactrain"]["masks"]``: Horovod broadcasts no
+        bool tensors, and a checkpoint stores it once) and the first parameter's the schedule position
+        (``"pactrain.step"``): ``hvd.broadcast_optimizer_state`` broadcasts them with the rest, so
+        Horovod's own resume idiom carries masks and schedule position.
+        """
         state = self._optimizer.state_dict()
+        exported = self._export()
         state["pactrain"] = {
             "step": self._step,
             "sparsity": self.config.sparsity,
             "world_size": while_running(self.process_set.size),
-            "masks": {name: mask.cpu().clone() for name, mask in self._pruner.masks.items()},
+            "masks": exported["masks"],
         }
+        if state["state"]:  # Horovod initialises an empty state with a step first; the keys must match then
+            index = {id(p): i for i, p in enumerate(p for group in self.param_groups for p in group["params"])}
+            additions = {0: {_STEP_KEY: exported["step"]}}
+            for name, flags in exported["masks"].items():
+                additions.setdefault(index[id(self._parameters[name])], {})[_MASK_KEY] = flags
+            for pid, entries in additions.items():  # new dicts: the wrapped optimizer's own stay as they are
+                state["state"][pid] = {**state["state"].get(pid, {}), **entries}
         if self._ternary is not None:
             state["pactrain"]["ternary"] = self._ternary.state_dict()
         return state
@@ -514,6 +653,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """
         state_dict = dict(state_dict)
         pactrain = state_dict.pop("pactrain", None)
+        if isinstance(state_dict.get("state"), dict):
+            state_dict["state"] = {pid: {k: v for k, v in entry.items() if k not in (_MASK_KEY, _STEP_KEY)}
+                                   if isinstance(entry, dict) else entry for pid, entry in state_dict["state"].items()}
         masks = None
         if pactrain is not None:
             if not isinstance(pactrain, dict) or not {"step", "masks"} <= set(pactrain):
@@ -522,7 +664,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
                 raise CheckpointError(f"checkpoint 'pactrain' step must be an int >= 0, got {step!r}")
             try:
-                masks = self._pruner.validate(_host_masks(pactrain["masks"]))
+                masks = self._pruner.validate(_host_masks(pactrain["masks"], flags=True))
             except (TypeError, ValueError) as error:
                 raise CheckpointError(f"checkpoint does not fit this model: {error}") from error
             current = while_running(self.process_set.size)
@@ -556,8 +698,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return saved
 
 
-def _host_masks(masks: dict[str, Any]) -> dict[str, np.ndarray]:
-    """Masks as host arrays; anything that is not a readable tensor or array is refused by name."""
+def _host_masks(masks: dict[str, Any], flags: bool = False) -> dict[str, np.ndarray]:
+    """Masks as host arrays; anything that is not a readable tensor or array is refused by name.
+
+    ``flags``: uint8 0/1 masks (as ``state_dict()`` writes them) become bool."""
     if not isinstance(masks, dict):
         raise TypeError(f"masks must be a dict of parameter name -> bool tensor, got {type(masks).__name__}")
     host = {}
@@ -567,6 +711,10 @@ def _host_masks(masks: dict[str, Any]) -> dict[str, np.ndarray]:
         except (TypeError, ValueError, RuntimeError, NotImplementedError) as error:
             raise TypeError(f"mask for {name!r} must be a bool tensor or array with data, got {type(mask).__name__}: "
                             f"{error}") from error
+        if flags and host[name].dtype == np.uint8:
+            if host[name].max(initial=0) > 1:
+                raise ValueError(f"mask for {name!r} must hold 0/1 flags, got values up to {host[name].max()}")
+            host[name] = host[name].astype(np.bool_)
     return host
 
 
@@ -589,24 +737,15 @@ def broadcast_masks(optimizer: DistributedOptimizer, root_rank: int = 0) -> None
         masks[name] = flags.numpy().astype(np.bool_)
     optimizer._step = int(header["step"])
     optimizer._install_masks(masks)
-    optimizer._verify_if_pending()
+    optimizer._verify_now()
 
 
 def broadcast_optimizer_state(optimizer: DistributedOptimizer, root_rank: int = 0) -> None:
-    """``hvd.broadcast_optimizer_state`` for our optimizer: optimizer state, masks and schedule position.
-
-    Horovod's own function, given our wrapper, initialises missing state with a collective,
-    counted ``step()`` of zero gradients (weight decay included). This one broadcasts the wrapped
-    optimizer's state instead, so a rank without state takes a local step; the weights are put
-    back afterwards, and the step counter does not move.
+    """``hvd.broadcast_optimizer_state`` (which carries masks and schedule position, see ``state_dict``),
+    then the Mask Tracker proves the result at once instead of at the next step.
     """
     if not isinstance(optimizer, DistributedOptimizer):
         raise TypeError(f"broadcast_optimizer_state needs a pactrain_hvd.torch.DistributedOptimizer, "
                         f"got {type(optimizer).__name__}")
-    parameters = [p for group in optimizer.param_groups for p in group["params"]]
-    weights = [p.detach().clone() for p in parameters]
-    hvd.broadcast_optimizer_state(optimizer.optimizer, root_rank=root_rank)
-    with torch.no_grad():
-        for p, weight in zip(parameters, weights):
-            p.copy_(weight)
-    broadcast_masks(optimizer, root_rank=root_rank)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=root_rank)
+    optimizer._verify_now()

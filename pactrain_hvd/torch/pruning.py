@@ -55,12 +55,14 @@ class Pruner:
         self.masks: dict[str, torch.Tensor] = {}
         self.pruned: dict[str, torch.Tensor] = {}  # ~mask, kept so that steps do not allocate it
 
-    def update(self, step: int) -> None:
-        """Recompute masks at the schedule's target for ``step`` and verify them across ranks."""
-        weights = {name: self.parameters[name].detach().cpu().numpy() for name in self.prunable_names}
+    def update(self, step: int, verify: bool = True) -> None:
+        """Recompute masks at the schedule's target for ``step`` and (``verify``) prove them equal across ranks."""
+        # float32 on the host: numpy has no bfloat16, and magnitudes rank the same in float32.
+        weights = {name: self.parameters[name].detach().float().cpu().numpy() for name in self.prunable_names}
         previous = {name: mask.cpu().numpy() for name, mask in self.masks.items()}
         new_masks = magnitude_masks(weights, self.schedule.target(step), previous, self.ranking)
-        self.verify(new_masks)
+        if verify:
+            self.verify(step, new_masks)
         self.install(new_masks)
 
     def validate(self, masks: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -70,23 +72,32 @@ class Pruner:
             raise ValueError(f"masks given for parameters that are not prunable here: {', '.join(unknown)}")
         return {name: validate_mask(name, np.asarray(m), tuple(self.parameters[name].shape)) for name, m in masks.items()}
 
-    def install(self, masks: Mapping[str, np.ndarray]) -> None:
-        """Replace all masks with validated host masks and zero the pruned weights (local only)."""
+    def install(self, masks: Mapping[str, np.ndarray], zero_weights: bool = True) -> None:
+        """Replace all masks with validated host masks (local only); a mask that keeps everything is no mask.
+
+        ``zero_weights``: zero the pruned weights now (not while autograd may still read them).
+        """
         self.masks = {
             name: torch.from_numpy(np.ascontiguousarray(mask)).to(self.parameters[name].device)
-            for name, mask in masks.items()
+            for name, mask in masks.items() if not mask.all()
         }
         self.pruned = {name: ~mask for name, mask in self.masks.items()}
-        self.apply_to_weights()
+        if zero_weights:
+            self.apply_to_weights()
 
-    def verify(self, masks: Mapping[str, np.ndarray] | None = None) -> None:
-        """Mask Tracker: allgather (count, hash) per tensor; raise on any disagreement."""
+    def verify(self, step: int, masks: Mapping[str, np.ndarray] | None = None) -> None:
+        """Mask Tracker: allgather each rank's fingerprint table; raise on any disagreement, on every rank."""
         if masks is None:
             masks = {name: mask.cpu().numpy() for name, mask in self.masks.items()}
-        names, local = fingerprint_table(masks)
+        parameters = [self.parameters[name] for name in self.prunable_names]
+        device = parameters[0].device if parameters else None
+        sums = torch.stack([p.detach().double().sum().to(device) for p in parameters]).tolist() if parameters else []
+        local = fingerprint_table({name: p.numel() for name, p in zip(self.prunable_names, parameters)}, masks, step,
+                                  dict(zip(self.prunable_names, sums)))
         gathered = hvd.allgather(torch.from_numpy(local), name="pactrain.mask_fingerprints", process_set=self.process_set)
-        check_fingerprints(names, gathered.numpy(), self.process_set.size(),
-                           "After loading a checkpoint on one rank, call pactrain_hvd broadcast_masks(optimizer, root_rank=0).")
+        check_fingerprints(self.prunable_names, gathered.numpy(), self.process_set.size(), "torch",
+                           "After loading a checkpoint on one rank, call hvd.broadcast_optimizer_state(optimizer, "
+                           "root_rank=0) (it carries masks and schedule position) or pt.broadcast_masks(optimizer).")
 
     @torch.no_grad()
     def apply_to_weights(self) -> None:

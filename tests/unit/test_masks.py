@@ -1,7 +1,16 @@
 import numpy as np
 import pytest
 
-from pactrain_hvd.core import describe_mismatches, magnitude_masks, mask_fingerprint, num_to_keep, validate_mask
+from pactrain_hvd.core import (
+    MaskMismatchError,
+    check_fingerprints,
+    describe_mismatches,
+    fingerprint_table,
+    magnitude_masks,
+    mask_fingerprint,
+    num_to_keep,
+    validate_mask,
+)
 
 
 def test_layer_ranking_keeps_the_largest_magnitudes():
@@ -50,10 +59,54 @@ def test_fingerprint_tells_same_count_at_other_positions_apart():
     assert mask_fingerprint(a)[0] == mask_fingerprint(b)[0] == 3
     assert mask_fingerprint(a) != mask_fingerprint(b)
     assert mask_fingerprint(a) == mask_fingerprint(a.copy())
-    gathered = np.array([[mask_fingerprint(a)], [mask_fingerprint(b)]])
-    (problem,) = describe_mismatches(["fc.weight"], gathered)
+    tables = [fingerprint_table({"fc.weight": 64}, {"fc.weight": m}, 7) for m in (a, b)]
+    (problem,) = describe_mismatches(["fc.weight"], tables)
     assert "'fc.weight'" in problem and "ranks [1]" in problem
-    assert describe_mismatches(["fc.weight"], np.array([[mask_fingerprint(a)]] * 2)) == []
+    assert describe_mismatches(["fc.weight"], [tables[0]] * 2) == []
+
+
+def gathered(*tables):
+    return np.concatenate(tables)
+
+
+def test_table_has_one_fixed_row_per_prunable_name_whatever_masks_a_rank_holds():
+    prunable = {"a.weight": 8, "b.weight": 4}
+    none_held = fingerprint_table(prunable, {}, 0)
+    all_kept = fingerprint_table(prunable, {"a.weight": np.ones(8, dtype=bool)}, 0)
+    assert none_held.shape == all_kept.shape == (3, 3)
+    np.testing.assert_array_equal(none_held, all_kept)
+    check_fingerprints(list(prunable), gathered(none_held, all_kept), 2, "torch", "hint")
+
+
+def test_ranks_pruning_different_tensors_get_one_clear_error():
+    mine = fingerprint_table({"a.weight": 8}, {}, 0)
+    theirs = fingerprint_table({"a.weight": 8, "b.weight": 4}, {}, 0)
+    for names in (["a.weight"], ["a.weight", "b.weight"]):  # each rank parses the same bytes with its own names
+        with pytest.raises(MaskMismatchError, match="ranks prune different sets of tensors"):
+            check_fingerprints(names, gathered(mine, theirs), 2, "torch", "hint")
+
+
+def test_differing_weights_are_named_as_the_cause():
+    a, b = np.zeros(8, dtype=bool), np.zeros(8, dtype=bool)
+    a[:2], b[-2:] = True, True
+    tables = [fingerprint_table({"w": 8}, {"w": m}, 3, {"w": total}) for m, total in ((a, 1.5), (b, -0.25))]
+    with pytest.raises(MaskMismatchError, match=r"masks differ across ranks: 'w'.*Weights differ too \('w'\).*hvd.broadcast_parameters"):
+        check_fingerprints(["w"], gathered(*tables), 2, "torch", "hint")
+    same_weights = [fingerprint_table({"w": 8}, {"w": m}, 3, {"w": 1.5}) for m in (a, b)]
+    with pytest.raises(MaskMismatchError, match="pruning masks differ across ranks: 'w': ranks \\[1\\] differ from rank 0 \\(rank 0: 2 kept, rank 1: 2 kept\\)\\. hint"):
+        check_fingerprints(["w"], gathered(*same_weights), 2, "torch", "hint")
+
+
+def test_differing_schedule_position_is_a_mismatch():
+    tables = [fingerprint_table({"w": 8}, {}, step) for step in (0, 500)]
+    with pytest.raises(MaskMismatchError, match=r"schedule position differs \(rank 0: 0, rank 1: 500\)\. hint"):
+        check_fingerprints(["w"], gathered(*tables), 2, "torch", "hint")
+
+
+def test_weights_alone_differing_is_not_an_error():
+    """Horovod does not check weights (its tests skip broadcast_parameters): only masks are proven."""
+    tables = [fingerprint_table({"w": 8}, {}, 0, {"w": total}) for total in (1.0, 2.0)]
+    check_fingerprints(["w"], gathered(*tables), 2, "torch", "hint")
 
 
 def test_validate_mask_names_tensor_and_problem():

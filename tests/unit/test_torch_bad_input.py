@@ -117,38 +117,6 @@ def test_complex_parameters_are_refused_at_construction():
     pt.DistributedOptimizer(torch.optim.SGD([frozen], lr=0.1), named_parameters=[("n", frozen)])
 
 
-@pytest.mark.parametrize("prunable", [None, []], ids=["pruned", "unpruned"])
-def test_sparse_embedding_gradients(prunable):
-    """Unpruned: sparse all-reduce exactly as hvd.DistributedOptimizer. Pruned: densified, with a warning."""
-    torch.manual_seed(0)
-    ours, theirs = torch.nn.Embedding(100, 8, sparse=True), torch.nn.Embedding(100, 8, sparse=True)
-    theirs.load_state_dict(ours.state_dict())
-    opt = pt.DistributedOptimizer(torch.optim.SGD(ours.parameters(), lr=0.1), named_parameters=ours.named_parameters(),
-                                  sparsity=0.5, begin_step=0, end_step=0, prunable=prunable)
-    reference = hvd.DistributedOptimizer(torch.optim.SGD(theirs.parameters(), lr=0.1),
-                                         named_parameters=[("ref.weight", theirs.weight)])
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for step in range(3):
-            tokens = torch.tensor([step, 2 * step + 1, 40])
-            for module, optimizer in ((ours, opt), (theirs, reference)):
-                optimizer.zero_grad()
-                module(tokens).sum().backward()
-                optimizer.step()
-    sparse_warnings = [str(w.message) for w in caught if "sparse gradient" in str(w.message)]
-    if prunable is None:
-        assert int(opt.masks()["weight"].sum()) == 400
-        assert ours.weight.grad.layout == torch.strided
-        assert sparse_warnings == ["parameter 'weight' has a sparse gradient and it is pruned: it travels dense, as "
-                                   "with sparse_as_dense=True (pass that to silence this)"]
-        assert torch.count_nonzero(ours.weight) <= 400
-    else:
-        assert opt.masks() == {} and sparse_warnings == []
-        assert ours.weight.grad.is_sparse
-        assert torch.equal(ours.weight, theirs.weight)
-        assert opt.stats()["tensors"]["weight"]["sent_bytes"] == 3 * 8 + 3 * 8 * 4  # int64 indices + fp32 rows
-
-
 def test_constructing_before_hvd_init_names_the_fix():
     code = ("import torch, pactrain_hvd.torch as pt; m = torch.nn.Linear(2, 2); "
             "pt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters())")

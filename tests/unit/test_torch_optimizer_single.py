@@ -53,8 +53,9 @@ def test_bad_named_parameters():
         pt.DistributedOptimizer(sgd, named_parameters=params + [("0.weight", params[0][1])])
     with pytest.raises(ValueError, match=r"positions \[3\] are not named"):
         pt.DistributedOptimizer(sgd, named_parameters=params[:3])
-    with pytest.raises(ValueError, match="does not update: stray"):
-        pt.DistributedOptimizer(sgd, named_parameters=params + [("stray", torch.nn.Parameter(torch.ones(1)))])
+    stray = pt.DistributedOptimizer(sgd, named_parameters=params + [("stray", torch.nn.Parameter(torch.ones(1)))])
+    assert sorted(stray._parameters) == sorted(name for name, _ in params), "names the optimizer does not hold: ignored"
+    stray._detach()
     with pytest.raises(TypeError, match="torch.optim.Optimizer"):
         pt.DistributedOptimizer(model, named_parameters=params)
 
