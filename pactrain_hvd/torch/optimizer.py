@@ -384,7 +384,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._optimizer.step()
         for p, weight in zip(parameters, weights):
             p.copy_(weight)
-            self._optimizer.state[p]  # an entry for every parameter: the state is no longer empty  # noqa: B018
+            if self._tracking:  # an entry for every parameter, so that the masks travel (see state_dict)
+                self._optimizer.state[p]  # noqa: B018
 
     def _rebuild_plan(self) -> None:
         """Per tensor: packed, dense-masked or untouched. Same masks, so same plan on every rank."""
@@ -596,6 +597,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._pruner.update(self._step, verify=self._communicating)
             self._after_mask_change()
             self._pruner.mask_gradients()  # this step's gradients were reduced under the old mask
+        elif not self._communicating:
+            self._pruner.mask_gradients()  # nothing packed them: pruned weights still get no update
         loss = self._optimizer.step(closure)
         self._pruner.apply_to_weights()
         self._step += 1
@@ -623,7 +626,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         (``"pactrain.mask"``, the same uint8 tensor as in ``["pactrain"]["masks"]``: Horovod broadcasts no
         bool tensors, and a checkpoint stores it once) and the first parameter's the schedule position
         (``"pactrain.step"``): ``hvd.broadcast_optimizer_state`` broadcasts them with the rest, so
-        Horovod's own resume idiom carries masks and schedule position.
+        Horovod's own resume idiom carries masks and schedule position. Where nothing is pruned
+        (``sparsity=0``, no ``masks=``), ``"state"`` is the wrapped optimizer's, exactly as with Horovod.
         """
         state = self._optimizer.state_dict()
         exported = self._export()
@@ -633,7 +637,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             "world_size": while_running(self.process_set.size),
             "masks": exported["masks"],
         }
-        if state["state"]:  # Horovod initialises an empty state with a step first; the keys must match then
+        if self._tracking and state["state"]:  # Horovod initialises an empty state first; then the keys match
             index = {id(p): i for i, p in enumerate(p for group in self.param_groups for p in group["params"])}
             additions = {0: {_STEP_KEY: exported["step"]}}
             for name, flags in exported["masks"].items():

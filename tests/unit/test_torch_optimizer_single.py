@@ -1,5 +1,9 @@
 """pt.DistributedOptimizer in one process: argument checks happen before any communication."""
 
+import os
+import subprocess
+import sys
+
 import horovod.torch as hvd
 import pytest
 import torch
@@ -89,3 +93,50 @@ def test_lr_scheduler_and_single_process_training():
     assert opt.param_groups[0]["lr"] == pytest.approx(0.025)
     assert int(opt.masks()["0.weight"].sum()) == 1024
     assert torch.count_nonzero(model[0].weight) <= 1024
+
+
+def test_one_process_communicates_nothing_and_still_prunes_like_horovod():
+    """Horovod all-reduces only when size() > 1 (or under elastic); values='ternary' quantises nothing alone."""
+    model, sgd = model_and_sgd()
+    reference, reference_sgd = model_and_sgd()
+    opt = pt.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), sparsity=0.5, begin_step=0,
+                                  end_step=0, pack_min_numel=0, values="ternary")
+    for step in range(3):
+        inputs = torch.randn(8, 64, generator=torch.Generator().manual_seed(step))
+        for net, optimizer in ((model, opt), (reference, reference_sgd)):
+            optimizer.zero_grad()
+            net(inputs).sum().backward()
+            masks = opt.masks()
+            if net is reference:  # plain SGD under the same masks, by hand
+                for name, p in net.named_parameters():
+                    if name in masks:
+                        p.grad.mul_(masks[name])
+            optimizer.step()
+        if step == 0:  # the mask was made from the weights before this step's update
+            with torch.no_grad():
+                reference[0].weight.mul_(opt.masks()["0.weight"])
+                reference[2].weight.mul_(opt.masks()["2.weight"])
+    assert opt.stats()["sent_bytes"] == 0 and opt.stats()["tensors"] == {}
+    assert opt.masks() and opt.step_count == 3
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_horovods_own_wrapper_is_refused():
+    model, sgd = model_and_sgd()
+    wrapped = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
+    with pytest.raises(TypeError, match="not one already wrapped in a DistributedOptimizer"):
+        pt.DistributedOptimizer(wrapped, named_parameters=model.named_parameters())
+
+
+def test_duplicate_names_are_refused_before_horovod_is_needed():
+    """Horovod's test_duplicate_names: the ValueError comes first, initialised or not."""
+    code = ("import torch, pactrain_hvd.torch as pt\n"
+            "w = torch.nn.Parameter(torch.ones(2))\n"
+            "try:\n"
+            "    pt.DistributedOptimizer(torch.optim.SGD([w], lr=1), named_parameters=[('w', w), ('w', w)])\n"
+            "except ValueError as error:\n"
+            "    print(error)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert "duplicates: w" in result.stdout, result.stderr[-2000:]
