@@ -71,13 +71,14 @@ def main() -> None:
         if index >= 2:
             step_times.append(time.perf_counter() - start)
     masks = {name: mask.numpy() for name, mask in opt.masks().items()}
+    prunable = {name: opt._parameters[name].numel() for name in opt._pruner.prunable_names}
     for _ in range(args.repeats + 1):
         barrier()
         start = time.perf_counter()
-        opt._pruner.verify()
+        opt._pruner.verify(opt.step_count)
         verify_times.append(time.perf_counter() - start)
         start = time.perf_counter()
-        fingerprint_table(masks)
+        fingerprint_table(prunable, masks, opt.step_count)
         fingerprint_times.append(time.perf_counter() - start)
     verify_times, fingerprint_times = verify_times[1:], fingerprint_times[1:]  # first call: warm-up
 
