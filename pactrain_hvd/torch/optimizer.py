@@ -203,7 +203,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # Masks can differ only where some are pruned; then every rank proves them at its first step (every
         # rank knows that step: a mask set or loaded on one rank alone is caught there, not a hang).
         self._tracking = bool(prunable_names) and (self.config.sparsity > 0 or bool(own_masks))
-        self._verify_pending = self._tracking and self._communicating
+        self._checks_masks = self._tracking and self._communicating
+        self._verify_pending = self._checks_masks
         self._exported: dict | None = None  # the PacTrain state last handed out by state_dict(), see _adopt_exported
         self._stats = StepStats()
         self.values = values
@@ -324,7 +325,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         sync_prune_buffers(self._prune_buffers, self._pruner.masks)
         self._rebuild_plan()
 
-    def _verify_if_pending(self) -> None:
+    def _adopt_and_verify(self) -> None:
         """Before the step's first communication: take state Horovod broadcast into ``state_dict()``'s
         tensors, then run a Mask Tracker check that every rank has due at this step."""
         self._adopt_exported()
@@ -334,8 +335,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _verify_now(self) -> None:
         """After a collective call every rank makes (broadcasts, elastic sync): the check is due everywhere."""
-        self._verify_pending = self._tracking and self._communicating
-        self._verify_if_pending()
+        self._verify_pending = self._checks_masks
+        self._adopt_and_verify()
 
     def _export(self) -> dict:
         """The PacTrain state as tensors for ``state_dict()``: a uint8 mask per prunable tensor (all kept where
@@ -438,7 +439,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _local_grad(self, p: torch.Tensor) -> torch.Tensor:
         """``p``'s dense local gradient, once masks are proven to agree."""
-        self._verify_if_pending()
+        self._adopt_and_verify()
         if p.grad is None:
             # Another rank may have a gradient for it (dynamic graphs): send zeros, as Horovod does.
             p.grad = torch.zeros_like(p)
@@ -494,7 +495,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _sparse_allreduce_grad_async(self, p: torch.Tensor) -> tuple[Any, None]:
         """An unpruned sparse gradient travels as Horovod sends it: indices and values allgathered."""
-        self._verify_if_pending()
+        self._adopt_and_verify()
         grad = p.grad
         self._stats.tensors[self._names[p]] = TensorStats(
             numel=p.numel(), kept=p.numel(), packed=False,
@@ -592,7 +593,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                               "optimizer.synchronize(). This can cause training slowdown.", stacklevel=2)
             self.synchronize()
         self._synchronized = False
-        self._verify_if_pending()
+        self._adopt_and_verify()
         if self.config.schedule.is_update_step(self._step):
             self._pruner.update(self._step, verify=self._communicating)
             self._after_mask_change()
@@ -602,7 +603,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         loss = self._optimizer.step(closure)
         self._pruner.apply_to_weights()
         self._step += 1
-        if self._tracking and self._communicating and self.config.verify_every and self._step % self.config.verify_every == 0:
+        if self._checks_masks and self.config.verify_every and self._step % self.config.verify_every == 0:
             self._verify_pending = True  # checked before the next step's first all-reduce
         return loss
 
