@@ -262,17 +262,15 @@ def test_sparse_embedding_gradients(prunable):
 
 def test_groups_honour_gradient_predivide_factor():
     """fp16 on the wire: 2 x 40000 overflows fp16 unless the predivide factor splits the average."""
-    weights = [torch.nn.Parameter(torch.zeros(4)) for _ in range(2)]
     results = {}
     for groups in (None, 1):
+        weights = [torch.nn.Parameter(torch.zeros(4)) for _ in range(2)]
         opt = pt.DistributedOptimizer(torch.optim.SGD(weights, lr=1.0), named_parameters=[("a", weights[0]), ("b", weights[1])],
                                       compression=hvd.Compression.fp16, gradient_predivide_factor=2.0, groups=groups,
                                       sparsity=0.0)
-        for w in weights:
-            w.grad = torch.full((4,), 40000.0)
+        ((weights[0].sum() + weights[1].sum()) * 40000.0).backward()  # the hooks start the (grouped) all-reduce
         opt.synchronize()
         results[groups] = [w.grad.clone() for w in weights]
-        opt._detach()
     for grouped, ungrouped in zip(results[1], results[None]):
         assert torch.isfinite(grouped).all()
         assert torch.equal(grouped, ungrouped)
