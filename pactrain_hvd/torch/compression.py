@@ -53,11 +53,8 @@ class PacTrainCompressor(Compressor):
         self.lanes = lanes
         self.pruned = None if mask is None else ~mask
         self.surviving_indices = mask.reshape(-1).nonzero().squeeze(1) if self.packed else None
-
-    @property
-    def kept(self) -> int | None:
-        """Surviving coordinates, or None for an unmasked tensor."""
-        return None if self.mask is None else int(self.surviving_indices.numel() if self.packed else self.mask.sum())
+        # Surviving coordinates (None: unmasked), counted once here: read on every step, it must not sync.
+        self.kept = None if mask is None else int(self.surviving_indices.numel() if self.packed else mask.sum())
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """The values that travel, before value compression: survivors, the masked tensor, or the tensor."""

@@ -6,12 +6,16 @@ shifted and summed; summed words shifted back and masked.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from pactrain_hvd.core.lanes import CODE_OFFSET, LaneLayout
 
 
+@functools.cache
 def _shifts(layout: LaneLayout, device: torch.device) -> torch.Tensor:
+    """Each lane's bit offset, made once per layout and device (not a host-to-device copy per tensor and step)."""
     return torch.tensor(layout.shifts, dtype=torch.int32, device=device)
 
 

@@ -5,6 +5,7 @@ and checks values: against an uninterrupted run, against hvd.DistributedOptimize
 """
 
 import io
+import sys
 import warnings
 
 import horovod.torch as hvd
@@ -347,3 +348,36 @@ def test_grad_scaler_skipping_an_overflowed_step_keeps_every_rank_consistent():
     assert opt.step_count == 3, "the skipped step does not move the schedule"
     assert_same_on_all_ranks(dict(model.named_parameters()))
     assert_same_on_all_ranks({n: m.to(torch.uint8) for n, m in opt.masks().items()}, "mask")
+
+
+SYNCING = ("item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__")
+
+
+@pytest.mark.parametrize("values", ["fp32", "fp16"])
+def test_steady_state_steps_make_no_host_syncs(values, monkeypatch):
+    """Between mask changes and checks, nothing in pactrain_hvd reads a tensor back to the host (a
+    device sync on a GPU): counted by wrapping every Tensor method that does, as called from our code."""
+    model = make_model()
+    opt = pt.DistributedOptimizer(OPTIMIZERS["sgd-momentum-wd"](model.parameters()),
+                                  named_parameters=model.named_parameters(), sparsity=0.9, begin_step=0, end_step=0,
+                                  verify_every=1000, values=values)
+    horovod_start(model, opt)
+    train(model, opt, 2)  # step 0 prunes, step 1 is the first check
+    plan = {name: tensor["packed"] for name, tensor in opt.stats()["tensors"].items()}
+    assert True in plan.values() and False in plan.values(), plan  # packed and dense-plan masked tensors both run
+
+    calls = []
+    for method in SYNCING:
+        original = getattr(torch.Tensor, method)
+
+        def counted(self, *args, _original=original, _method=method, **kwargs):
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            if caller.startswith("pactrain_hvd"):
+                calls.append(f"{_method} from {caller}:{sys._getframe(1).f_lineno}")
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, method, counted)
+    train(model, opt, 3, start=2)
+    monkeypatch.undo()
+    assert calls == []
+    assert_same_on_all_ranks(dict(model.named_parameters()))
