@@ -593,6 +593,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                               "optimizer.synchronize(). This can cause training slowdown.", stacklevel=2)
             self.synchronize()
         self._synchronized = False
+        if self._ternary is not None:
+            self._ternary.memory.commit()  # this step is taken (a loss scaler that skips it never calls step)
         self._adopt_and_verify()
         if self.config.schedule.is_update_step(self._step):
             self._pruner.update(self._step, verify=self._communicating)
@@ -679,6 +681,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._handles = {}
         self._synchronized = False
         self._should_synchronize = True
+        if self._ternary is not None:
+            self._ternary.memory.pending.clear()
         self.set_backward_passes_per_step(self.backward_passes_per_step)
         self._optimizer.load_state_dict(state_dict)
         if masks is not None:

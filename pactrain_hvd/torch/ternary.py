@@ -27,17 +27,31 @@ class ErrorFeedback:
 
     Residuals have the packed length (one per surviving coordinate): they are masked like the
     gradient. When a mask changes, ``remap`` keeps the residual of the coordinates that survive.
+    A step's residuals are ``pending`` until the optimizer takes that step (``commit``): a step a
+    loss scaler skips leaves the memory as it was, so what was sent plus what is remembered stays
+    the sum of the gradients that were applied.
     """
 
     def __init__(self) -> None:
         self.residuals: dict[str, torch.Tensor] = {}
+        self.pending: dict[str, torch.Tensor] = {}
 
     def add(self, name: str, values: torch.Tensor) -> torch.Tensor:
         residual = self.residuals.get(name)
         return values if residual is None else values + residual
 
-    def store(self, name: str, values: torch.Tensor, dequantized: torch.Tensor) -> None:
-        self.residuals[name] = values - dequantized
+    def store(self, name: str, values: torch.Tensor, dequantized: torch.Tensor, scale: torch.Tensor) -> None:
+        """What rounding left out, pending; under a non-finite scale (an overflow on some rank, which every
+        rank sees through the MAX) the old residual instead of NaN, even if that step is taken."""
+        previous = self.residuals.get(name)
+        fresh = values - dequantized
+        self.pending[name] = torch.where(torch.isfinite(scale), fresh,
+                                         previous if previous is not None else torch.zeros_like(fresh))
+
+    def commit(self) -> None:
+        """The step was taken: its residuals become the memory."""
+        self.residuals.update(self.pending)
+        self.pending.clear()
 
     def remap(self, name: str, old_indices: torch.Tensor | None, new_indices: torch.Tensor | None, numel: int) -> None:
         """Move ``name``'s residual from the old surviving coordinates to the new ones (None: drop it)."""
@@ -123,7 +137,7 @@ class TernaryReduction:
         for (name, grad, compressor), value, scale in zip(tensors, values, scales):
             scale = scale.to(value.device)
             ternary = stochastic_ternary(value, scale, self.noise.uniform(value.numel(), value.device))
-            self.memory.store(name, value, ternary.to(value.dtype) * scale)
+            self.memory.store(name, value, ternary.to(value.dtype) * scale, scale)
             words, ctx = compressor.compress_ternary(grad, ternary, scale, divisor)
             handle = allreduce_async_(words, name=name, op=hvd.Sum, process_set=self.process_set)
             launched.append((handle, ctx, words))

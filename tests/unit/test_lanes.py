@@ -141,7 +141,9 @@ def test_error_feedback_carries_the_quantization_error():
     values = torch.tensor([0.3, -0.6, 0.05])
     dequantized = torch.tensor([1.0, -1.0, 0.0])
     assert memory.add("w", values) is values  # nothing remembered yet
-    memory.store("w", values, dequantized)
+    memory.store("w", values, dequantized, torch.tensor(1.0))
+    assert "w" not in memory.residuals, "pending until the step is taken"
+    memory.commit()
     torch.testing.assert_close(memory.residuals["w"], values - dequantized)
     torch.testing.assert_close(memory.add("w", torch.ones(3)), 1 + values - dequantized)
     # over many steps of a constant gradient, the sum of what was sent tracks the sum of gradients
@@ -150,10 +152,25 @@ def test_error_feedback_carries_the_quantization_error():
     for _ in range(200):
         value = memory.add("g", values)
         dequantized = torch_lanes.stochastic_ternary(value, scale, torch.rand(3, generator=generator)) * scale
-        memory.store("g", value, dequantized)
+        memory.store("g", value, dequantized, scale)
+        memory.commit()
         sent += dequantized
     torch.testing.assert_close(sent + memory.residuals["g"], 200 * values)
     assert memory.residuals["g"].abs().max() <= 2 * scale  # bounded: the error does not accumulate
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_error_feedback_keeps_the_old_residual_under_a_non_finite_scale(bad):
+    """An overflowed step (skipped by a loss scaler) must not leave NaN in the memory for ever."""
+    memory = ErrorFeedback()
+    previous = torch.tensor([0.1, -0.2, 0.0])
+    memory.residuals["w"] = previous.clone()
+    overflowed = memory.add("w", torch.tensor([bad, 1.0, 0.5]))
+    memory.store("w", overflowed, overflowed * 0, torch.tensor(bad))
+    memory.store("fresh", overflowed, overflowed * 0, torch.tensor(bad))
+    memory.commit()
+    assert torch.equal(memory.residuals["w"], previous)
+    assert torch.equal(memory.residuals["fresh"], torch.zeros(3))
 
 
 def test_error_feedback_remap_keeps_surviving_coordinates():

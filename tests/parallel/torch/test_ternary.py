@@ -53,7 +53,8 @@ def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
             if residual_before[name] is not None:
                 values = values + residual_before[name]
             scale = hvd.allreduce(values.abs().max().reshape(1), op=hvd.Max, name=f"ref.scale.{name}")[0]
-            dequantized = values - opt._ternary.memory.residuals[name]  # what this rank sent: t * scale
+            dequantized = values - opt._ternary.memory.pending[name]  # what this rank sent: t * scale (no step
+            # is taken here, so this residual stays pending and the next iteration starts from the same memory)
             ternary = torch.round(dequantized / scale)
             codes_ok = bool(torch.all(ternary.abs() <= 1)) and torch.allclose(ternary * scale, dequantized, atol=1e-6)
             assert all_true(codes_ok, f"codes.{name}.{step}"), f"{name}: a rank sent values that are not t * scale"
@@ -150,3 +151,34 @@ def test_ternary_memory_round_trips_and_a_misfit_residual_changes_nothing():
                                     sparsity=0.5, begin_step=0, end_step=0, pack_min_numel=0)
     fresh.load_state_dict(other_rank)  # another rank's memory is not this rank's: start from none
     assert fresh.step_count == 3 and fresh._ternary.memory.residuals == {}
+
+
+def test_an_overflow_on_one_rank_skips_the_step_everywhere_and_leaves_the_error_memory_finite():
+    """torch AMP: GradScaler skips a step whose reduced gradients are not finite. The MAX of the scales
+    carries one rank's inf to every rank, so every rank skips, and no residual becomes NaN."""
+    model = make_model()
+    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "amp"), values="ternary",
+                                  sparsity=0.8, begin_step=0, end_step=0, pack_min_numel=1000)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    skipped = []
+    for step in range(5):
+        opt.zero_grad()
+        scaler.scale(loss_of(model, step)).backward()
+        if step == 3 and hvd.rank() == 1:  # a surviving coordinate of a ternary tensor overflows, here only
+            survivor = tuple(opt.masks()["amp.fc.weight"].nonzero()[0].tolist())
+            model.fc.weight.grad[survivor] = float("inf")
+        residuals = {n: r.clone() for n, r in opt._ternary.memory.residuals.items()}
+        opt.synchronize()
+        scaler.unscale_(opt)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        with opt.skip_synchronize():
+            scaler.step(opt)
+        scaler.update()
+        skipped.append(all(torch.equal(p, before[n]) for n, p in model.named_parameters()))
+        if step == 3:
+            assert residuals and all(torch.equal(opt._ternary.memory.residuals[n], r) for n, r in residuals.items())
+    assert skipped == [False, False, False, True, False]
+    assert all(torch.isfinite(r).all() for r in opt._ternary.memory.residuals.values())
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert_same_on_all_ranks(dict(model.named_parameters()))
