@@ -49,6 +49,16 @@ _OTHER_OPS = {hvd.Adasum: "Adasum", hvd.Product: "Product"}
 _REDUCIBLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # PacTrain's entries in a prunable parameter's optimizer state (see DistributedOptimizer.state_dict)
 _MASK_KEY, _STEP_KEY = "pactrain.mask", "pactrain.step"
+# Optimizers whose update leaves a coordinate at exactly 0 when its weight, gradient and state are 0 (every
+# term of their update is a multiple of one of those). Pruned coordinates have zero gradients (packing) and
+# zero state (cleared at each mask change), so with these, re-zeroing pruned weights after every step is a
+# no-op pass over every prunable weight: it runs at mask changes and Mask Tracker checks only. Exact types:
+# a subclass may change the update.
+_ZERO_STAYS_ZERO = frozenset({
+    torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax, torch.optim.NAdam, torch.optim.RAdam,
+    torch.optim.RMSprop, torch.optim.Adagrad, torch.optim.Adadelta, torch.optim.ASGD, torch.optim.Rprop,
+    torch.optim.SparseAdam,
+})
 
 
 def _require_initialized() -> None:
@@ -206,6 +216,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._checks_masks = self._tracking and self._communicating
         self._verify_pending = self._checks_masks
         self._exported: dict | None = None  # the PacTrain state last handed out by state_dict(), see _adopt_exported
+        self._zero_stays_zero = type(optimizer) in _ZERO_STAYS_ZERO
+        self._weights_unmasked = False  # masks changed without zeroing the weights (adopted mid-backward)
         self._stats = StepStats()
         self.values = values
         layout = ternary_layout(process_set.size()) if values == "ternary" else None
@@ -317,6 +329,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _install_masks(self, masks: dict[str, np.ndarray], zero_weights: bool = True) -> None:
         self._exported = None
+        self._weights_unmasked |= not zero_weights
         self._pruner.install(masks, zero_weights)
         self._after_mask_change()
 
@@ -596,6 +609,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._ternary is not None:
             self._ternary.memory.commit()  # this step is taken (a loss scaler that skips it never calls step)
         self._adopt_and_verify()
+        remask = not self._zero_stays_zero or self._weights_unmasked or (
+            self.config.verify_every and self._step % self.config.verify_every == 0)
         if self.config.schedule.is_update_step(self._step):
             self._pruner.update(self._step, verify=self._communicating)
             self._after_mask_change()
@@ -603,7 +618,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         elif not self._communicating:
             self._pruner.mask_gradients()  # nothing packed them: pruned weights still get no update
         loss = self._optimizer.step(closure)
-        self._pruner.apply_to_weights()
+        if remask:  # (a mask change zeroed the weights itself)
+            self._pruner.apply_to_weights()
+            self._weights_unmasked = False
         self._step += 1
         if self._checks_masks and self.config.verify_every and self._step % self.config.verify_every == 0:
             self._verify_pending = True  # checked before the next step's first all-reduce

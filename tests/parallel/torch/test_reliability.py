@@ -54,3 +54,29 @@ def test_silent_mask_drift_is_caught_before_the_next_all_reduce():
         step_on(model, opt, 2)
     for name, p in model.named_parameters():
         assert torch.equal(p, weights[name]), f"{name} was updated after drift"
+
+
+@pytest.mark.parametrize("make_optimizer", [
+    lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3),
+    lambda params: torch.optim.Adam(params, lr=1e-3, amsgrad=True),
+    lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.05),
+    lambda params: torch.optim.RMSprop(params, lr=1e-3, momentum=0.9, centered=True, weight_decay=1e-3),
+    lambda params: torch.optim.Adagrad(params, lr=1e-2, initial_accumulator_value=0.1),
+    lambda params: torch.optim.Rprop(params, lr=1e-3),
+    lambda params: torch.optim.NAdam(params, lr=1e-3, weight_decay=1e-3),
+], ids=["sgd-nesterov-wd", "adam-amsgrad", "adamw", "rmsprop-centered", "adagrad", "rprop", "nadam"])
+def test_pruned_weights_stay_exactly_zero_without_the_re_zeroing_pass(make_optimizer, monkeypatch):
+    """For optimizers whose zero weight, gradient and state stay zero, the pass runs only at mask changes."""
+    model = tiny_model()
+    opt = pt.DistributedOptimizer(make_optimizer(model.parameters()), named_parameters=model.named_parameters(),
+                                  sparsity=0.8, begin_step=0, end_step=4, frequency=2, pack_min_numel=0, verify_every=0)
+    passes = []
+    original = opt._pruner.apply_to_weights
+    monkeypatch.setattr(opt._pruner, "apply_to_weights", lambda: passes.append(opt.step_count) or original())
+    for step in range(8):
+        step_on(model, opt, step)
+        for name, mask in opt.masks().items():
+            weight = dict(model.named_parameters())[name]
+            assert torch.equal(weight[~mask], torch.zeros_like(weight[~mask])), f"{name} at step {step}"
+    assert passes == [0, 2, 4], "only the mask changes zero weights (inside install)"
+    assert_same_on_all_ranks(dict(model.named_parameters()))
