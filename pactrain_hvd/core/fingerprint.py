@@ -129,7 +129,6 @@ def check_fingerprints(names: Sequence[str], gathered: np.ndarray, world_size: i
                       if len({int(table[index, 2]) for table in tables}) > 1]
     if weights_differ:
         shown = ", ".join(repr(name) for name in weights_differ[:5]) + (", ..." if len(weights_differ) > 5 else "")
-        message += (f" Weights differ too ({shown}), and masks are ranked on them: give every rank the same weights "
-                    f"before the first step, and after loading a checkpoint on one rank, with "
-                    f"{BROADCAST_PARAMETERS_HINT[frontend]}.")
+        message += (f" Weights differ too ({shown}), and masks are ranked on them: give every rank one rank's "
+                    f"weights, with {BROADCAST_PARAMETERS_HINT[frontend]}.")
     raise MaskMismatchError(f"{message} {hint}")

@@ -7,7 +7,12 @@ from horovod.tensorflow.compression import Compression
 
 from pactrain_hvd.core import CheckpointError, MaskMismatchError
 from pactrain_hvd.tensorflow.compression import PacTrainCompressor
-from pactrain_hvd.tensorflow.optimizer import DistributedGradientTape, PacTrainState, broadcast_masks
+from pactrain_hvd.tensorflow.optimizer import (
+    DistributedGradientTape,
+    PacTrainState,
+    PartialDistributedGradientTape,
+    broadcast_masks,
+)
 from pactrain_hvd.tensorflow.pruning import Pruner, default_prunable
 
 __all__ = [
@@ -17,6 +22,7 @@ __all__ = [
     "MaskMismatchError",
     "PacTrainCompressor",
     "PacTrainState",
+    "PartialDistributedGradientTape",
     "Pruner",
     "broadcast_masks",
     "default_prunable",

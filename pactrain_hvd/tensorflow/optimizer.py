@@ -6,9 +6,13 @@ and the Keras ``DistributedOptimizer`` in ``pactrain_hvd.tensorflow.keras``.
 
 How a step runs, in or out of ``tf.function``:
 
-1. *Maintenance*, only at the steps that need it (schedule update, pending or periodic mask
-   verification): masks are recomputed from the weights with numpy (``core.magnitude_masks``,
-   the same code as the torch frontend), verified across ranks, and written into TF variables.
+1. *Maintenance*, only at the steps that need it, all of them steps every rank knows of: a
+   schedule update, and Mask Tracker checks at the state's first step, every ``verify_every``
+   steps and after ``broadcast_masks`` (a local call such as ``set_masks`` or a restore
+   schedules none: the other ranks would all-reduce while this one allgathers). Masks are
+   recomputed from the weights with numpy (``core.magnitude_masks``, the same code as the torch
+   frontend), verified across ranks, and written into TF variables. Where nothing is
+   communicated (``pruning.communicates``: Horovod's rule) pruning is local and nothing verified.
    Eagerly it is a plain call; inside a traced function a ``tf.cond`` on the step counter runs
    it through ``tf.py_function``, and every op of the step is ordered after it. Pruned weights
    and optimizer slots are zeroed by graph ops, ordered before the optimizer's update.
@@ -20,8 +24,10 @@ How a step runs, in or out of ``tf.function``:
 from __future__ import annotations
 
 import functools
+import inspect
 import io
 import re
+import types
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -52,6 +58,7 @@ from pactrain_hvd.tensorflow.pruning import (
     Pruner,
     backing_variable,
     build_optimizer,
+    communicates,
     optimizer_slots,
     select_prunable,
     variable_names,
@@ -61,6 +68,7 @@ from pactrain_hvd.tensorflow.ternary import TernaryReduction
 _SUPPORTED_OPS = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Min: "Min", hvd.Max: "Max"}
 _OTHER_OPS = {hvd.Adasum: "Adasum", hvd.Product: "Product"}
 _NEVER = np.iinfo(np.int64).max
+_DUE_NOW = -1  # ``_next_due`` value: maintain (and verify) at the next step, whatever its number
 _Reduced = tuple[tf.Tensor, tf.Tensor]  # a reduced gradient and the bytes its tensor put on the wire
 _HOROVOD_DEFAULTS = {"compression": Compression.none, "sparse_as_dense": False, "op": hvd.Average,
                      "gradient_predivide_factor": 1.0, "groups": None, "process_set": hvd.global_process_set,
@@ -88,6 +96,51 @@ def _validate_groups(groups: Any) -> None:
         raise ValueError(f"groups should be a positive integer or a list of lists of tf.Variable, got {groups!r}")
     if isinstance(groups, list) and not all(isinstance(group, (list, tuple)) for group in groups):
         raise ValueError("groups given as a list must be a list of lists of tf.Variable")
+
+
+def _checked_arguments(*, compression: Any, op: Any, gradient_predivide_factor: float, groups: Any, values: str,
+                       process_set: Any, prunable: Prunable, sparsity: float, masks: Any, continue_pruning: bool,
+                       begin_step: int, end_step: int, frequency: int, ranking: str, verify_every: int,
+                       pack_min_numel: int | None, pack_max_density: float | None,
+                       **_unchecked: Any) -> tuple[PacTrainConfig, PendingMasks | None]:
+    """``PacTrainState``'s arguments checked, before anything is created or communicated: its config and
+    given masks."""
+    plan_overrides = {k: v for k, v in (("pack_min_numel", pack_min_numel), ("pack_max_density", pack_max_density))
+                      if v is not None}
+    config = PacTrainConfig(
+        sparsity=schedule_sparsity(sparsity, masks is not None, continue_pruning), begin_step=begin_step,
+        end_step=end_step, frequency=frequency, ranking=ranking, verify_every=verify_every, **plan_overrides,
+    )
+    own_masks = PendingMasks(masks) if masks is not None else None
+    if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
+        raise TypeError(f"compression must be a Horovod Compressor such as hvd.Compression.fp16, "
+                        f"got {compression!r}")
+    if op not in _SUPPORTED_OPS:
+        op_name = f"hvd.{_OTHER_OPS[op]}" if op in _OTHER_OPS else repr(op)
+        raise ValueError(f"op={op_name} is not supported with packing: use hvd.Average, hvd.Sum, hvd.Min or "
+                         "hvd.Max (Adasum is not)")
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    _validate_groups(groups)
+    check_values(values, _SUPPORTED_OPS[op], groups is not None)
+    if values == "fp16" and groups is not None:
+        raise ValueError("values='fp16' cannot be combined with groups in the TensorFlow frontend: a pruned "
+                         "tensor's plan, hence its wire dtype, is chosen when the step runs; "
+                         "compression=hvd.Compression.fp16 sends every tensor as fp16 and works with groups")
+    if not isinstance(process_set, hvd.ProcessSet):
+        raise TypeError(f"process_set must be a horovod ProcessSet, got {type(process_set).__name__}")
+    if prunable is not None and isinstance(prunable, str):
+        raise TypeError("prunable must be a predicate or a list of name patterns, not a single string")
+    _require_initialized("pactrain_hvd.tensorflow.PacTrainState")
+    return config, own_masks
+
+
+def _state_arguments(**kwargs: Any) -> dict[str, Any]:
+    """All of ``PacTrainState``'s arguments (defaults filled in), checked without making one."""
+    bound = inspect.signature(PacTrainState).bind(**kwargs)
+    bound.apply_defaults()
+    _checked_arguments(**bound.arguments)
+    return dict(bound.arguments)
 
 
 class PacTrainState(tf.train.experimental.PythonState):
@@ -148,35 +201,9 @@ class PacTrainState(tf.train.experimental.PythonState):
         continue_pruning: bool = False,
         values: str = "fp32",
     ) -> None:
-        # Everything is validated before the first collective call.
-        plan_overrides = {k: v for k, v in (("pack_min_numel", pack_min_numel), ("pack_max_density", pack_max_density))
-                          if v is not None}
-        self.config = PacTrainConfig(
-            sparsity=schedule_sparsity(sparsity, masks is not None, continue_pruning), begin_step=begin_step,
-            end_step=end_step, frequency=frequency, ranking=ranking, verify_every=verify_every, **plan_overrides,
-        )
-        self._own_masks = PendingMasks(masks) if masks is not None else None
+        arguments = {name: value for name, value in locals().items() if name not in ("self", "__class__")}
+        self.config, self._own_masks = _checked_arguments(**arguments)
         self._tfmot_masks: dict[str, tf.Variable] = {}
-        if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
-            raise TypeError(f"compression must be a Horovod Compressor such as hvd.Compression.fp16, "
-                            f"got {compression!r}")
-        if op not in _SUPPORTED_OPS:
-            op_name = f"hvd.{_OTHER_OPS[op]}" if op in _OTHER_OPS else repr(op)
-            raise ValueError(f"op={op_name} is not supported with packing: use hvd.Average, hvd.Sum, hvd.Min or "
-                             "hvd.Max (Adasum is not)")
-        if gradient_predivide_factor != 1.0 and op != hvd.Average:
-            raise ValueError("gradient_predivide_factor not supported with op != Average")
-        _validate_groups(groups)
-        check_values(values, _SUPPORTED_OPS[op], groups is not None)
-        if values == "fp16" and groups is not None:
-            raise ValueError("values='fp16' cannot be combined with groups in the TensorFlow frontend: a pruned "
-                             "tensor's plan, hence its wire dtype, is chosen when the step runs; "
-                             "compression=hvd.Compression.fp16 sends every tensor as fp16 and works with groups")
-        if not isinstance(process_set, hvd.ProcessSet):
-            raise TypeError(f"process_set must be a horovod ProcessSet, got {type(process_set).__name__}")
-        if prunable is not None and isinstance(prunable, str):
-            raise TypeError("prunable must be a predicate or a list of name patterns, not a single string")
-        _require_initialized("pactrain_hvd.tensorflow.PacTrainState")
         self.compression = compression
         self.sparse_as_dense = bool(sparse_as_dense)
         self.op = op
@@ -189,8 +216,10 @@ class PacTrainState(tf.train.experimental.PythonState):
         self.prunable = prunable
         self.optimizer = optimizer
         self.values = values
-        layout = ternary_layout(process_set.size()) if values == "ternary" else None
+        ternary = values == "ternary" and process_set.included()  # a rank outside the set never reduces
+        layout = ternary_layout(process_set.size()) if ternary else None
         self._ternary = TernaryReduction(process_set) if layout is not None else None
+        self._encoding = "fp16" if ternary and layout is None else values  # too many ranks for ternary lanes
         self._packed_compression = Compression.fp16 if values in ("fp16", "ternary") else compression
 
         self._names: list[str] = []
@@ -200,12 +229,11 @@ class PacTrainState(tf.train.experimental.PythonState):
         self._packed: dict[str, bool] = {}
         self._dense_bytes: dict[int, int] = {}
         self._pruner = Pruner({}, [], self.config.schedule, self.config.ranking, process_set)
-        self._verify_pending = False
         self._pending_restore: bytes | None = None
         with tf.init_scope():
             self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="pactrain_step")
-            self._next_due = tf.Variable(self._next_maintenance_after(-1), dtype=tf.int64, trainable=False,
-                                         name="pactrain_next_maintenance")
+            # The first step verifies (every rank makes one); later, the steps ``_maintain`` chooses.
+            self._next_due = tf.Variable(_DUE_NOW, dtype=tf.int64, trainable=False, name="pactrain_next_maintenance")
             self._sent_bytes = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False,
                                            name="pactrain_sent_bytes")
         self._communicate_eagerly = tf.function(self._communicate)
@@ -241,26 +269,44 @@ class PacTrainState(tf.train.experimental.PythonState):
                                         packed=self._packed.get(name, False), sent_bytes=int(sent[position]),
                                         dense_bytes=self._dense_bytes[position])
         stats = StepStats(step=max(self.step_count - 1, 0), tensors=tensors)
-        encoding = "ternary" if self._ternary is not None else ("fp16" if self.values == "ternary" else self.values)
-        return dict(stats.as_dict(), sparsity=self._pruner.sparsity(), values=encoding)
+        return dict(stats.as_dict(), sparsity=self._pruner.sparsity(), values=self._encoding)
 
     def set_masks(self, masks: dict[str, Any]) -> None:
         """Replace the masks (bool arrays or tensors by variable name); local, no communication.
 
-        Ranks are proven to agree before the next gradient is communicated.
+        Schedules no verification (the other ranks would not know of it): ranks are proven to agree
+        at the next step that every rank verifies (the first, a mask update, every ``verify_every``
+        steps, after ``broadcast_masks``), or now with ``verify()`` called on every rank.
         """
         if not isinstance(masks, dict):
             raise TypeError(f"masks must be a dict of variable name -> bool array, got {type(masks).__name__}")
         self._install(self._pruner.validate({name: np.asarray(mask) for name, mask in masks.items()}))
-        self._mark_verify_pending()
 
     def verify(self) -> None:
         """Mask Tracker, now: a collective call that raises ``MaskMismatchError`` on every rank."""
-        self._pruner.verify()
+        self._pruner.verify(self.step_count)
+
+    def _group_size(self) -> int:
+        """The ranks this state averages over: its process set's, or 1 outside it (where Horovod's
+        ``ProcessSet.size()`` may even fail: "Process set does not exist or has not been registered")."""
+        return self.process_set.size() if self.process_set.included() else 1
 
     def register_local(self, variable: Any) -> None:
         """Gradients of ``variable`` stay local: not reduced (scaled by 1/size if ``scale_local_gradients``)."""
         self._local.add(backing_variable(variable).ref())
+
+    def is_local(self, variable: Any) -> bool:
+        return backing_variable(variable).ref() in self._local
+
+    def on_every_rank(self, flag: Any) -> tf.Tensor:
+        """Whether ``flag`` holds on every rank this state reduces with (one int all-reduce); ``flag`` itself
+        where nothing is communicated. For decisions all ranks must take alike, such as skipping a step."""
+        flag = tf.convert_to_tensor(flag, tf.bool)
+        if not communicates(self.process_set):
+            return flag
+        agreed = hvd.allreduce(tf.cast(flag, tf.int32), op=hvd.Min, name="pactrain.on_every_rank",
+                               process_set=self.process_set)
+        return tf.cast(agreed, tf.bool)
 
     # -- binding to variables -------------------------------------------------------------------
     @tf.autograph.experimental.do_not_convert
@@ -297,7 +343,7 @@ class PacTrainState(tf.train.experimental.PythonState):
                     self._ternary.memory.track(name)
         self._sent_bytes.assign(-tf.ones([len(self._names)], tf.int64))
         if own_masks:
-            self.set_masks(own_masks)  # proven equal on all ranks before the first all-reduce
+            self.set_masks(own_masks)  # proven equal on all ranks at the first step
         if self._pending_restore is not None:
             blob, self._pending_restore = self._pending_restore, None
             self._restore(*_parse_state(blob))
@@ -334,9 +380,20 @@ class PacTrainState(tf.train.experimental.PythonState):
                 variable.assign(tf.where(compressor.mask, variable, tf.zeros_like(variable)))
         return tf.constant(True)
 
-    def _mark_verify_pending(self) -> None:
-        self._verify_pending = True
-        self._next_due.assign(self._step.read_value())
+    def request_verification(self) -> None:
+        """Verify masks at the next step. Only for calls every rank makes (``broadcast_masks``, elastic
+        sync): a rank that verifies alone waits for the others forever."""
+        self._next_due.assign(_DUE_NOW)
+
+    def _set_step(self, step: int) -> None:
+        """Move the schedule position (a restore); the next maintenance follows from it, nothing more."""
+        self._step.assign(step)
+        if int(self._next_due.numpy()) != _DUE_NOW:
+            self._next_due.assign(self._next_maintenance_after(step - 1))
+
+    def _maintenance_due(self, step: Any) -> tf.Tensor:
+        due = self._next_due.read_value()
+        return tf.logical_or(tf.equal(step, due), tf.equal(due, _DUE_NOW))
 
     def _maintain(self, step: int, zero_now: bool = True) -> bool:
         """Schedule update and/or Mask Tracker check due at ``step``; then when to come back.
@@ -348,9 +405,8 @@ class PacTrainState(tf.train.experimental.PythonState):
                 warnings.warn("PacTrainState has no optimizer: its slots (momentum, Adam moments) will not be "
                               "cleared at pruned coordinates. Pass optimizer=...", stacklevel=3)
             self._install(self._pruner.compute(step), zero_now)
-        elif self._verify_pending or (cfg.verify_every and step % cfg.verify_every == 0):
-            self._pruner.verify()
-        self._verify_pending = False
+        elif int(self._next_due.numpy()) == _DUE_NOW or (cfg.verify_every and step % cfg.verify_every == 0):
+            self._pruner.verify(step)
         self._next_due.assign(self._next_maintenance_after(step))
         return changed
 
@@ -389,16 +445,16 @@ class PacTrainState(tf.train.experimental.PythonState):
             reduced = self._communicate(shared_grads, positions, maintain=True)
         else:
             step = self.step_count
-            if step == int(self._next_due.numpy()):
+            if self._maintenance_due(step):
                 self._maintain(step)
             reduced = self._communicate_eagerly(shared_grads, positions, maintain=False)
         local = sorted(set(range(len(grads))) - set(shared))
         for i, grad in zip(shared, reduced):
             grads[i] = grad
-        size = self.process_set.size()
+        size = self._group_size() if local else 1
         if self.scale_local_gradients and size > 1:
             for i in local:
-                grads[i] = None if grads[i] is None else _scale(grads[i], 1.0 / size)
+                grads[i] = None if grads[i] is None else scale_gradient(grads[i], 1.0 / size)
         return grads
 
     def _refuse_sparse_pruned(self, grads: list[Any], positions: tuple[int, ...]) -> None:
@@ -417,7 +473,7 @@ class PacTrainState(tf.train.experimental.PythonState):
             dependencies = []
             if maintain:
                 step = self._step.read_value()
-                changed = tf.cond(tf.equal(step, self._next_due.read_value()),
+                changed = tf.cond(self._maintenance_due(step),
                                   lambda: tf.ensure_shape(tf.py_function(self._maintain_in_graph, [step], tf.bool), []),
                                   lambda: tf.constant(False))
                 # Zeroing is done by graph ops, not in the py_function: TF's automatic control
@@ -436,20 +492,24 @@ class PacTrainState(tf.train.experimental.PythonState):
         """Compress, reduce (grouped as Horovod would), decompress; also the bytes each tensor put on the wire."""
         sent: list[tf.Tensor] = [tf.constant(-1, tf.int64)] * len(self._names)
         reduced: list[Any] = list(grads)
-        if not self.process_set.included():
-            return reduced, sent  # as Horovod: ranks outside the process set keep their gradients
+        communicating = communicates(self.process_set)
         dense: list[tuple[int, tf.Tensor, Compressor]] = []
         for index, (grad, position) in enumerate(zip(grads, positions)):
             if grad is None:
                 continue
             name = self._names[position]
             compressor = self._compressors.get(name, self.compression)
-            self._dense_bytes[position] = self._pruner.variables[name].shape.num_elements() * grad.dtype.size
             if isinstance(grad, tf.IndexedSlices):
                 if not self.sparse_as_dense:
-                    reduced[index], sent[position] = self._allgather_sparse(grad)
+                    if communicating:
+                        reduced[index], sent[position] = self._allgather_sparse(grad)
                     continue
                 grad = tf.convert_to_tensor(grad)
+            if not communicating:  # as Horovod: the local gradient (pruned here: zero where masked)
+                pruned = isinstance(compressor, PacTrainCompressor)
+                reduced[index] = tf.where(compressor.mask, grad, tf.zeros_like(grad)) if pruned else grad
+                continue
+            self._dense_bytes[position] = self._pruner.variables[name].shape.num_elements() * grad.dtype.size
             dense.append((index, grad, compressor))
         plain, by_plan = [], []
         for item in dense:
@@ -518,7 +578,7 @@ class PacTrainState(tf.train.experimental.PythonState):
 
     def _reduce_wires(self, wires: list[tf.Tensor], positions: list[int]) -> list[tf.Tensor]:
         if not wires:
-            return wires  # (a single process still goes through Horovod: an elastic job may grow)
+            return wires
         common = self._reduce_arguments()
         if self.groups is None:
             return [hvd.allreduce(wire, **common) for wire in wires]
@@ -578,7 +638,7 @@ class PacTrainState(tf.train.experimental.PythonState):
                        "ternary_noise": self._ternary.noise.generator.state.numpy(),
                        **{f"residual_{i}": self._ternary.memory.residuals[name].numpy() for i, name in enumerate(names)}}
         buffer = io.BytesIO()
-        np.savez(buffer, step=np.int64(self.step_count), world_size=np.int64(self.process_set.size()),
+        np.savez(buffer, step=np.int64(self.step_count), world_size=np.int64(self._group_size()),
                  names=np.array(names, dtype=np.str_),
                  positions=np.array([self._names.index(name) for name in names], dtype=np.int64),
                  **{f"mask_{i}": self._pruner.masks[name] for i, name in enumerate(names)}, **ternary)
@@ -587,10 +647,10 @@ class PacTrainState(tf.train.experimental.PythonState):
     def deserialize(self, string_value: bytes) -> None:
         """Restore schedule position and masks; local, validated before anything changes."""
         step, saved, ternary = _parse_state(string_value)
-        check_saved_world_size(_saved_world_size(string_value), self.process_set.size())
+        check_saved_world_size(_saved_world_size(string_value), self._group_size())
         if not self._names:
             self._pending_restore = bytes(string_value)  # applied when the state binds to its variables
-            self._step.assign(step)
+            self._set_step(step)
             return
         self._restore(step, saved, ternary)
 
@@ -606,9 +666,8 @@ class PacTrainState(tf.train.experimental.PythonState):
         except (TypeError, ValueError) as error:
             raise CheckpointError(f"checkpoint does not fit these variables: {error}") from error
         residuals = self._saved_residuals(ternary, masks)
-        self._step.assign(step)
+        self._set_step(step)
         self._install(masks)
-        self._mark_verify_pending()
         if residuals is not None:
             self._ternary.noise.generator.state.assign(ternary[1])
             for name, residual in residuals.items():
@@ -657,19 +716,81 @@ def _saved_world_size(blob: bytes) -> int | None:
         return int(saved["world_size"]) if "world_size" in saved.files else None
 
 
+def state_of(holder: Any) -> PacTrainState | None:
+    """The ``PacTrainState`` of a state, tape or optimizer, also inside a loss-scale optimizer (which Keras'
+    ``compile`` puts around the optimizer under ``mixed_float16``); None if it has none."""
+    for candidate in (holder, getattr(holder, "inner_optimizer", None)):
+        state = getattr(candidate, "pactrain_state", candidate)
+        if isinstance(state, PacTrainState):
+            return state
+    return None
+
+
 def broadcast_masks(state: Any, root_rank: int = 0) -> None:
     """Give every rank ``root_rank``'s masks and schedule position (start and resume); collective.
 
-    ``state``: a ``PacTrainState``, or an optimizer or tape that has one (``.pactrain_state``).
-    Use next to ``hvd.broadcast_variables``. The Mask Tracker proves the result before the next
-    all-reduce (not here: a rank that joined an elastic job may not be bound to its variables yet).
+    ``state``: a ``PacTrainState``, or an optimizer or tape that has one (``.pactrain_state``), or a
+    loss-scale optimizer around such an optimizer.
+    Use next to ``hvd.broadcast_variables``. The Mask Tracker proves the result at the next step
+    (not here: a rank that joined an elastic job may not be bound to its variables yet). Where
+    the state does not communicate (``pruning.communicates``: outside its process set, or alone
+    in it) this does nothing.
     """
-    state = getattr(state, "pactrain_state", state)
-    if not isinstance(state, PacTrainState):
+    found = state_of(state)
+    if found is None:
         raise TypeError(f"broadcast_masks needs a PacTrainState, or an optimizer or tape holding one, got "
                         f"{type(state).__name__}")
+    state = found
+    if not communicates(state.process_set):
+        return
     blob = hvd.broadcast_object(state.serialize(), root_rank, name="pactrain.state", process_set=state.process_set)
     state.deserialize(blob)
+    state.request_verification()  # every rank of the process set is here
+
+
+_TAPE_STATES = "_pactrain_tape_states"  # attribute of a variable: the tape states of the sources it leads
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Argument equality across traces: a lambda written in the step is a new object per trace, same code."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, types.FunctionType):
+        return a.__code__ is b.__code__
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[key], b[key]) for key in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        return False
+
+
+def _tape_state(sources: list[Any], arguments: dict[str, Any]) -> PacTrainState:
+    """The state of tapes made without ``state=``: one per tuple of variables differentiated.
+
+    Horovod's idiom wraps the tape inside the traced step, so every trace (and every eager step)
+    makes a new tape; they all find the state the first one made (outside the trace), kept on the
+    first variable, so it lives as long as the model does.
+    """
+    variables = [backing_variable(source) for source in sources]
+    states = variables[0].__dict__.setdefault(_TAPE_STATES, {})
+    key = tuple(variable.ref() for variable in variables)
+    if key not in states:
+        with tf.init_scope():
+            states[key] = (arguments, PacTrainState(**arguments))
+    made_with, state = states[key]
+    differing = sorted(name for name in arguments if not _same(arguments[name], made_with[name]))
+    if differing:
+        raise ValueError(f"pt.DistributedGradientTape: these variables already have a PacTrainState made with other "
+                         f"{', '.join(differing)}; to train them two ways, make each PacTrainState yourself and pass "
+                         "it as state=")
+    return state
 
 
 class DistributedGradientTape:
@@ -678,19 +799,25 @@ class DistributedGradientTape:
     Takes every argument of ``hvd.DistributedGradientTape`` with the same defaults, plus the
     PacTrain arguments of ``PacTrainState`` (``sparsity=0.9``, ``begin_step``, ``end_step``,
     ``frequency``, ``prunable``, ``ranking``, ``pack_min_numel``, ``pack_max_density``,
-    ``verify_every``, ``optimizer``, ``values``). The schedule and masks must outlive one step, so keep
-    the state: pass ``state=tape.pactrain_state`` (or a ``PacTrainState`` you made) on later
-    steps; then leave the other arguments at their defaults. One ``gradient`` call is one step.
+    ``verify_every``, ``optimizer``, ``values``). One ``gradient`` call is one step.
+
+    The schedule and masks outlive the tape: Horovod's idiom, a tape wrapped on every step or in
+    a ``tf.function`` (traced again for a new batch shape), keeps one ``PacTrainState`` per tuple
+    of variables differentiated, found by the first ``gradient`` call (then ``pactrain_state``).
+    Or pass ``state=`` (a ``PacTrainState`` you made) and leave the other arguments unset.
 
     With exact-zero gradients at pruned coordinates and slots cleared at mask changes (pass
     ``optimizer=``), Keras optimizers keep pruned weights at exactly 0.
 
     Example::
 
-        >>> with tf.GradientTape() as tape:
-        ...     loss = loss_fn(y, model(x, training=True))
-        >>> tape = pt.DistributedGradientTape(tape, state=state)
-        >>> grads = tape.gradient(loss, model.trainable_variables)
+        >>> @tf.function
+        ... def train_step(x, y):
+        ...     with tf.GradientTape() as tape:
+        ...         loss = loss_fn(y, model(x, training=True))
+        ...     tape = pt.DistributedGradientTape(tape, sparsity=0.9, end_step=1000, optimizer=opt)
+        ...     grads = tape.gradient(loss, model.trainable_variables)
+        ...     opt.apply_gradients(zip(grads, model.trainable_variables))
     """
 
     def __init__(
@@ -719,12 +846,9 @@ class DistributedGradientTape:
                             gradient_predivide_factor=gradient_predivide_factor, groups=groups,
                             process_set=process_set, device_dense=device_dense, device_sparse=device_sparse,
                             scale_local_gradients=scale_local_gradients)
+        self._arguments: dict[str, Any] | None = None
         if state is None:
-            state = PacTrainState(**horovod_args, **pactrain)
-            if state.config.sparsity > 0 and tf.executing_eagerly():
-                warnings.warn("pt.DistributedGradientTape made a new PacTrainState: its schedule starts at step 0. "
-                              "Keep it across steps with state=tape.pactrain_state (or a PacTrainState you made).",
-                              stacklevel=2)
+            self._arguments = _state_arguments(**horovod_args, **pactrain)  # the state itself: at gradient()
         elif not isinstance(state, PacTrainState):
             raise TypeError(f"state must be a PacTrainState, got {type(state).__name__}")
         else:
@@ -733,7 +857,8 @@ class DistributedGradientTape:
             if differing:
                 raise ValueError(f"state= was given, so {', '.join(differing)} must be left unset: the state has them")
         self._tape = gradtape
-        self.pactrain_state = state
+        self._state = state
+        self._local_sources: list[Any] = []
 
     def __getattr__(self, name: str) -> Any:
         if name == "_tape":
@@ -747,9 +872,19 @@ class DistributedGradientTape:
     def __exit__(self, *exc_info: Any) -> None:
         self._tape.__exit__(*exc_info)
 
+    @property
+    def pactrain_state(self) -> PacTrainState:
+        """Schedule position, masks and statistics of this tape's variables."""
+        if self._state is None:
+            raise RuntimeError("pactrain_state: made without state=, this tape finds its PacTrainState (one per tuple "
+                               "of variables) at its first gradient() call; read it after that, or pass state=")
+        return self._state
+
     def register_local_source(self, source: Any) -> None:
         """Gradients of ``source`` are not reduced (scaled by 1/size if ``scale_local_gradients``)."""
-        self.pactrain_state.register_local(source)
+        self._local_sources.append(source)
+        if self._state is not None:
+            self._state.register_local(source)
 
     def masks(self) -> dict[str, np.ndarray]:
         return self.pactrain_state.masks()
@@ -762,8 +897,54 @@ class DistributedGradientTape:
                  unconnected_gradients: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE) -> Any:
         gradients = self._tape.gradient(target, sources, output_gradients=output_gradients,
                                         unconnected_gradients=unconnected_gradients)
-        reduced = self.pactrain_state.reduce(tf.nest.flatten(gradients), tf.nest.flatten(sources))
+        flat_sources = tf.nest.flatten(sources)
+        if not flat_sources:
+            return gradients
+        if self._state is None:
+            self._state = _tape_state(flat_sources, self._arguments)
+            for source in self._local_sources:
+                self._state.register_local(source)
+        reduced = self._state.reduce(tf.nest.flatten(gradients), flat_sources)
         return tf.nest.pack_sequence_as(gradients, reduced)
+
+    def get_local_and_global_gradients(self, target: Any, sources: Any,
+                                       output_gradients: Any = None) -> tuple[list[tuple], list[tuple]]:
+        """As Horovod's: ``gradient``, split into ``[(source, gradient)]`` of local sources and of the others."""
+        flat_sources = tf.nest.flatten(sources)
+        pairs = list(zip(flat_sources, tf.nest.flatten(self.gradient(target, sources, output_gradients))))
+        is_local = [self._state is not None and self._state.is_local(source) for source in flat_sources]
+        return ([pair for pair, local in zip(pairs, is_local) if local],
+                [pair for pair, local in zip(pairs, is_local) if not local])
+
+
+def PartialDistributedGradientTape(  # noqa: N802 - the name Horovod users know
+    gradtape: tf.GradientTape,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: type[Compressor] = Compression.none,
+    sparse_as_dense: bool = False,
+    op: Any = hvd.Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: int | list | None = None,
+    process_set: hvd.ProcessSet = hvd.global_process_set,
+    local_layers: Any = None,
+    scale_local_gradients: bool = True,
+    **pactrain: Any,
+) -> DistributedGradientTape:
+    """``hvd.PartialDistributedGradientTape``: the trainable weights of ``local_layers`` (a Keras layer or a
+    list of them) are local sources; the rest as ``DistributedGradientTape`` (PacTrain arguments too)."""
+    layers = [] if local_layers is None else [local_layers] if hasattr(local_layers, "trainable_weights") \
+        else list(local_layers)
+    if not all(hasattr(layer, "trainable_weights") for layer in layers):
+        raise ValueError("local_layers must be a Keras layer or a list of Keras layers")
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                   gradient_predivide_factor, num_groups, groups, process_set, scale_local_gradients,
+                                   **pactrain)
+    for layer in layers:
+        for weight in layer.trainable_weights:
+            tape.register_local_source(weight)
+    return tape
 
 
 def _zero_pruned(weight: tf.Variable, mask: tf.Variable) -> tf.Tensor:
@@ -771,7 +952,7 @@ def _zero_pruned(weight: tf.Variable, mask: tf.Variable) -> tf.Tensor:
     return tf.constant(True)
 
 
-def _scale(grad: Any, factor: float) -> Any:
+def scale_gradient(grad: Any, factor: Any) -> Any:
     if isinstance(grad, tf.IndexedSlices):
         return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
     return grad * factor

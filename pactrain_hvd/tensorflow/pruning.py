@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +20,12 @@ from pactrain_hvd.core import (
 )
 
 Prunable = Callable[[str, tf.Variable], bool] | Iterable[str] | None
+
+
+def communicates(process_set: hvd.ProcessSet) -> bool:
+    """Horovod's rule for its gradient reduction: members of the process set only, and only with another rank
+    to talk to, or under Horovod elastic (where ranks may join). Otherwise nothing collective happens."""
+    return process_set.included() and (process_set.size() > 1 or bool(int(os.environ.get("HOROVOD_ELASTIC", 0))))
 
 
 def backing_variable(variable: Any) -> tf.Variable:
@@ -145,7 +152,7 @@ class Pruner:
         """Masks at the schedule's target for ``step``, from the current weights; verified across ranks."""
         weights = {name: self.variables[name].numpy() for name in self.prunable_names}
         new_masks = magnitude_masks(weights, self.schedule.target(step), self.masks, self.ranking)
-        self.verify(new_masks)
+        self.verify(step, new_masks, weights)
         return new_masks
 
     def validate(self, masks: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -160,14 +167,25 @@ class Pruner:
         """Replace all masks with validated host masks (the variables are zeroed by the caller)."""
         self.masks = {name: np.array(mask, dtype=np.bool_) for name, mask in masks.items()}
 
-    def verify(self, masks: Mapping[str, np.ndarray] | None = None) -> None:
-        """Mask Tracker: allgather (count, hash) per tensor; raise on any disagreement."""
+    def verify(self, step: int, masks: Mapping[str, np.ndarray] | None = None,
+               weights: Mapping[str, np.ndarray] | None = None) -> None:
+        """Mask Tracker: allgather each rank's fingerprint table (masks, schedule ``step``, a digest of the
+        weights the masks were ranked on: ``weights``, else the variables now); raise on any disagreement,
+        on every rank. Nothing where nothing is communicated (``communicates``)."""
+        if not communicates(self.process_set):
+            return
         masks = self.masks if masks is None else masks
-        names, local = fingerprint_table(masks)
+        if weights is None:
+            sums = {name: float(tf.reduce_sum(tf.cast(self.variables[name], tf.float64)))
+                    for name in self.prunable_names}
+        else:
+            sums = {name: float(np.sum(weights[name], dtype=np.float64)) for name in self.prunable_names}
+        numels = {name: self.variables[name].shape.num_elements() for name in self.prunable_names}
+        local = fingerprint_table(numels, masks, step, sums)
         gathered = hvd.allgather(tf.constant(local), name="pactrain.mask_fingerprints", process_set=self.process_set)
-        check_fingerprints(names, gathered.numpy(), self.process_set.size(),
-                           "Masks are computed from the weights: broadcast the variables from one rank before the first "
-                           "step, and after loading a checkpoint on one rank call pactrain_hvd.tensorflow.broadcast_masks.")
+        check_fingerprints(self.prunable_names, gathered.numpy(), self.process_set.size(), "tensorflow",
+                           "After loading a checkpoint on one rank, call pactrain_hvd.tensorflow.broadcast_masks "
+                           "(state, optimizer or tape) next to hvd.broadcast_variables.")
 
     def sparsity(self) -> float:
         """Fraction of pruned coordinates over all prunable tensors."""

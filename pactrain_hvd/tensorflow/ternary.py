@@ -43,7 +43,11 @@ class ErrorFeedback:
         return values + self.residuals[name].read_value()
 
     def store(self, name: str, values: tf.Tensor, dequantized: tf.Tensor) -> None:
-        self.residuals[name].assign(values - dequantized)
+        """This step's quantization error; none from a step that overflowed somewhere (a scale of inf), which
+        mixed precision skips on every rank: the memory stays as it was, not inf or nan from then on."""
+        error = values - dequantized
+        residual = self.residuals[name]
+        residual.assign(tf.where(tf.reduce_all(tf.math.is_finite(error)), error, residual.read_value()))
 
     def remap(self, name: str, old_indices: np.ndarray, new_indices: np.ndarray, numel: int) -> None:
         """Move ``name``'s residual from the old surviving coordinates to the new ones (eagerly)."""

@@ -57,8 +57,10 @@ def test_state_rejects_bad_arguments_before_communicating(kwargs, error, message
 def test_keras_optimizer_and_tape_reject_bad_arguments():
     with pytest.raises(ValueError, match="op currently only supports Average and Sum"):
         ptk.DistributedOptimizer(keras.optimizers.SGD(), op=hvd.Min)
-    with pytest.raises(ValueError, match="backward_passes_per_step"):
-        ptk.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=2)
+    with pytest.raises(ValueError, match="backward_passes_per_step must be an int > 0, got 0"):
+        ptk.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=0)
+    with pytest.raises(TypeError, match="average_aggregated_gradients must be a bool"):
+        ptk.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=2, average_aggregated_gradients=1)
     with pytest.raises(TypeError, match="Keras 3 or tf-keras optimizer"):
         ptk.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
     with pytest.raises(TypeError, match="already"):
@@ -127,7 +129,8 @@ def test_optimizer_slots_finds_per_coordinate_state(make):
     assert optimizer_slots(None, kernel) == []
 
 
-def test_single_process_state_masks_packs_and_checkpoints():
+def test_single_process_state_masks_packs_and_checkpoints(monkeypatch):
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")  # one process communicates only under elastic (as Horovod)
     model = small_model()
     opt = keras.optimizers.SGD(0.1, momentum=0.9)
     state = pt.PacTrainState(sparsity=0.75, begin_step=0, end_step=0, pack_min_numel=300, optimizer=opt)
@@ -165,3 +168,38 @@ def test_single_process_state_masks_packs_and_checkpoints():
         shallow.deserialize(blob)
     with pytest.raises(ValueError, match="not prunable here"):
         state.set_masks({"nope": np.ones(3, bool)})
+
+
+@pytest.mark.parametrize("values", ["fp32", "ternary"])
+def test_one_process_communicates_nothing_and_still_prunes(values, monkeypatch):
+    """Horovod reduces only with another rank (or under elastic): the local gradient, pruned, never quantised."""
+    for collective in ("allreduce", "grouped_allreduce", "allgather", "broadcast_object"):
+        monkeypatch.setattr(hvd, collective, lambda *args, _name=collective, **kwargs: pytest.fail(f"hvd.{_name}"))
+    model = small_model()
+    opt = keras.optimizers.SGD(0.1, momentum=0.9)
+    state = pt.PacTrainState(sparsity=0.75, begin_step=0, end_step=2, frequency=1, pack_min_numel=0, verify_every=1,
+                             values=values, optimizer=opt)
+    names = variable_names(model.trainable_variables)
+
+    @tf.function(autograph=False)
+    def step(x):
+        with tf.GradientTape(persistent=True) as tape:
+            loss = tf.reduce_mean(model(x) ** 2)
+        local = tape.gradient(loss, model.trainable_variables)
+        grads = pt.DistributedGradientTape(tape, state=state).gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return local, grads
+
+    for number in range(4):
+        local, grads = step(tf.random.stateless_normal((8, 6), seed=(number, 1)))
+        masks = state.masks()
+        for name, plain, ours in zip(names, local, grads):
+            expected = np.where(masks[name], plain.numpy(), 0) if name in masks else plain.numpy()
+            np.testing.assert_array_equal(ours.numpy(), expected, err_msg=f"{name}, step {number}")
+    assert state.step_count == 4 and state.stats()["sent_bytes"] == 0
+    assert sorted(masks) == [names[0], names[2]]
+    for name, variable in zip(names, model.trainable_variables):
+        if name in masks:
+            assert int(masks[name].sum()) == num_to_keep(masks[name].size, 0.75)
+            assert not variable.numpy()[~masks[name]].any()
+    pt.broadcast_masks(state)  # nothing to broadcast to

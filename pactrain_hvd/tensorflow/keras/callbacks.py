@@ -7,7 +7,7 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from pactrain_hvd.tensorflow.optimizer import broadcast_masks
+from pactrain_hvd.tensorflow.optimizer import broadcast_masks, state_of
 from pactrain_hvd.tensorflow.pruning import backing_variable, build_optimizer, optimizer_variables
 
 
@@ -48,7 +48,7 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
         with tf.init_scope():
             build_optimizer(optimizer, self.model.trainable_variables)
         self._broadcast(optimizer_variables(optimizer))
-        state = getattr(optimizer, "pactrain_state", None)
+        state = state_of(optimizer)
         if state is not None:
             state.bind(self.model.trainable_variables)
             broadcast_masks(state, self.root_rank)

@@ -26,7 +26,7 @@ import horovod.tensorflow.keras.elastic as hvd_elastic
 import tensorflow as tf
 
 from pactrain_hvd.core import WorldSizeChangedWarning
-from pactrain_hvd.tensorflow.optimizer import broadcast_masks
+from pactrain_hvd.tensorflow.optimizer import broadcast_masks, state_of
 from pactrain_hvd.tensorflow.pruning import backing_variable, build_optimizer, optimizer_variables
 
 
@@ -50,7 +50,7 @@ class KerasState(hvd_elastic.KerasState):
             raise ValueError("KerasState needs an optimizer: pass optimizer= or compile the model first")
         with tf.init_scope():
             build_optimizer(optimizer, model.trainable_variables)  # same variables on every rank, joined or not
-        self._pactrain = getattr(optimizer, "pactrain_state", None)
+        self._pactrain = state_of(optimizer)
         self._saved_pactrain: bytes | None = None
         super().__init__(model, optimizer=optimizer, **kwargs)
         self._bcast_model = self._broadcast  # Horovod's calls optimizer.variables(), a list under Keras 3

@@ -23,14 +23,76 @@ import tensorflow as tf
 from horovod.tensorflow.compression import Compression, Compressor
 
 from pactrain_hvd.core.config import DEFAULT_VERIFY_EVERY
-from pactrain_hvd.tensorflow.optimizer import PacTrainState
-from pactrain_hvd.tensorflow.pruning import Prunable
+from pactrain_hvd.tensorflow.optimizer import PacTrainState, scale_gradient
+from pactrain_hvd.tensorflow.pruning import Prunable, backing_variable, build_optimizer
+
+
+class LocalAggregation:
+    """``backward_passes_per_step``, as Horovod: gradients are summed locally, and every ``passes``-th call
+    the sums are reduced (one PacTrain step) and applied (divided by ``passes`` if ``average``); other calls
+    only count an optimizer iteration. ``counter`` (and the optimizer attribute ``_agg_helper``) are
+    Horovod's names: its tests read them."""
+
+    def __init__(self, passes: int, average: bool, sparse_as_dense: bool) -> None:
+        self.passes = passes
+        self.average = average
+        self.sparse_as_dense = sparse_as_dense
+        self._sums: dict[Any, tf.Variable] = {}
+        with tf.init_scope():
+            self.counter = tf.Variable(0, dtype=tf.int32, trainable=False, name="pactrain_aggregation_counter")
+
+    def add(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
+        """This pass's gradients added to the sums; the sums so far (``None`` where there is no gradient)."""
+        sums = []
+        for grad, variable in zip(grads, variables):
+            if isinstance(grad, tf.IndexedSlices):
+                if not self.sparse_as_dense:
+                    raise ValueError("backward_passes_per_step > 1 sums gradients locally, which needs dense ones: a "
+                                     "gradient is tf.IndexedSlices, pass sparse_as_dense=True")
+                grad = tf.convert_to_tensor(grad)
+            sums.append(None if grad is None else tf.convert_to_tensor(self._sum_of(variable, grad).assign_add(grad)))
+        return sums
+
+    def _sum_of(self, variable: Any, grad: tf.Tensor) -> tf.Variable:
+        key = backing_variable(variable).ref()
+        if key not in self._sums:
+            with tf.init_scope():
+                self._sums[key] = tf.Variable(tf.zeros(grad.shape, grad.dtype), trainable=False,
+                                              name="pactrain_aggregated_gradient")
+        return self._sums[key]
+
+    def clear(self) -> None:
+        """Zero (not subtract: an inf stays out of the next sums) and restart the count."""
+        for total in self._sums.values():
+            total.assign(tf.zeros_like(total))
+        self.counter.assign(0)
+
+
+class _LastReduction:
+    """The gradients the last reduction gave (a plain object: Keras tracks the lists of its optimizers)."""
+
+    def __init__(self) -> None:
+        self.grads: tuple[Any, ...] = ()
+
+    def remember(self, grads: Sequence[Any]) -> None:
+        self.grads = tuple(grad for grad in grads if grad is not None)
+
+    def gave(self, grads: Sequence[Any]) -> bool:
+        present = [grad for grad in grads if grad is not None]
+        return bool(present) and len(present) == len(self.grads) and all(a is b for a, b in zip(present, self.grads))
 
 
 class _PacTrainOptimizer:
     """What the distributed optimizer adds to the user's: the state, its reports, sparsity enforcement."""
 
     pactrain_state: PacTrainState
+    _agg_helper: LocalAggregation | None = None
+
+    @property
+    def _last_reduction(self) -> _LastReduction:
+        if "_pactrain_last_reduction" not in vars(self):
+            self._pactrain_last_reduction = _LastReduction()
+        return self._pactrain_last_reduction
 
     @property
     def step_count(self) -> int:
@@ -46,7 +108,7 @@ class _PacTrainOptimizer:
         return self.pactrain_state.stats()
 
     def set_masks(self, masks: dict[str, Any]) -> None:
-        """Replace the masks by variable name; local, verified across ranks before the next step."""
+        """Replace the masks by variable name; local (see ``PacTrainState.set_masks`` for when ranks are compared)."""
         self.pactrain_state.set_masks(masks)
 
     def register_local_var(self, var: Any) -> None:
@@ -54,9 +116,39 @@ class _PacTrainOptimizer:
         self.pactrain_state.register_local(var)
 
     def _reduce_then_apply(self, grads: Sequence[Any], variables: list[Any], apply: Callable[[list[Any]], Any]) -> Any:
-        result = apply(self.pactrain_state.reduce(list(grads), variables))
+        aggregation = self._agg_helper
+        if aggregation is None:
+            return self._reduce_apply_enforce(grads, variables, apply)
+        with tf.init_scope():  # slots exist before the branch that applies
+            build_optimizer(self, variables)
+        sums = aggregation.add(grads, variables)
+        count = aggregation.counter.assign_add(1)
+
+        def reduce_and_apply() -> tf.Tensor:
+            self._reduce_apply_enforce(sums, variables, apply, 1.0 / aggregation.passes if aggregation.average else 1.0)
+            aggregation.clear()
+            return tf.constant(True)
+
+        def count_the_pass() -> tf.Tensor:
+            self._pass_counter().assign_add(1)
+            return tf.constant(False)
+
+        tf.cond(tf.equal(count, aggregation.passes), reduce_and_apply, count_the_pass)
+        return None
+
+    def _reduce_apply_enforce(self, grads: Sequence[Any], variables: list[Any], apply: Callable[[list[Any]], Any],
+                              scale: float = 1.0) -> Any:
+        reduced = self.pactrain_state.reduce(list(grads), variables)
+        if scale != 1.0:  # after the reduction, as Horovod divides aggregated gradients
+            reduced = [None if grad is None else grad * scale for grad in reduced]
+        self._last_reduction.remember(reduced)
+        result = apply(reduced)
         self.pactrain_state.enforce(variables)  # whatever the optimizer does with zero gradients
         return result
+
+    def _pass_counter(self) -> Any:
+        """The variable behind ``iterations`` (Keras 3 divides it by ``gradient_accumulation_steps``)."""
+        return getattr(self, "_iterations", None) if hasattr(self, "stateless_apply") else self.iterations
 
 
 class _Keras3Apply(_PacTrainOptimizer):
@@ -70,6 +162,10 @@ class _Keras3Apply(_PacTrainOptimizer):
 
 
 class _TfKerasApply(_PacTrainOptimizer):
+    """tf-keras 2 reduces in ``apply_gradients``, or before: its ``LossScaleOptimizer`` asks the inner optimizer
+    to aggregate before testing the gradients for inf/nan (so that every rank skips a step together), and what
+    was reduced there is not reduced again."""
+
     @tf.autograph.experimental.do_not_convert
     def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
         grads_and_vars = list(grads_and_vars)
@@ -77,8 +173,54 @@ class _TfKerasApply(_PacTrainOptimizer):
         if not grads_and_vars:
             return base_apply_gradients(grads_and_vars, *args, **kwargs)
         grads, variables = (list(side) for side in zip(*grads_and_vars))
+        if self._last_reduction.gave(grads):
+            result = base_apply_gradients(grads_and_vars, *args, **kwargs)
+            self.pactrain_state.enforce(variables)
+            return result
         return self._reduce_then_apply(
             grads, variables, lambda reduced: base_apply_gradients(list(zip(reduced, variables)), *args, **kwargs))
+
+    def aggregate_gradients(self, grads_and_vars: Any) -> list:
+        return self._reduce_for_loss_scaling(grads_and_vars, super().aggregate_gradients)
+
+    def _aggregate_gradients(self, grads_and_vars: Any) -> list:  # tf-keras 2 legacy optimizers
+        return self._reduce_for_loss_scaling(grads_and_vars, super()._aggregate_gradients)
+
+    @tf.autograph.experimental.do_not_convert
+    def _reduce_for_loss_scaling(self, grads_and_vars: Any, aggregate: Callable[[list], Any]) -> list:
+        grads_and_vars = list(grads_and_vars)
+        if not grads_and_vars or self._last_reduction.gave([grad for grad, _ in grads_and_vars]):
+            return grads_and_vars  # apply_gradients' own call, after reducing
+        grads, variables = (list(side) for side in zip(*aggregate(grads_and_vars)))  # tf.distribute's (a copy)
+        if self._agg_helper is not None:  # summed here, reduced later: share only the verdict (nan for all)
+            finite = self.pactrain_state.on_every_rank(tf.reduce_all([_all_finite(g) for g in grads if g is not None]))
+            factor = tf.where(finite, 1.0, float("nan"))
+            grads = [None if g is None else scale_gradient(g, tf.cast(factor, g.dtype)) for g in grads]
+        else:
+            grads = self.pactrain_state.reduce(grads, variables)
+            self._last_reduction.remember(grads)
+        return list(zip(grads, variables))
+
+
+def _all_finite(grad: Any) -> tf.Tensor:
+    return tf.reduce_all(tf.math.is_finite(grad.values if isinstance(grad, tf.IndexedSlices) else grad))
+
+
+@functools.cache
+def _agree_on_skipped_steps() -> None:
+    """Keras 3's ``LossScaleOptimizer`` (``compile(auto_scale_loss=True)`` under ``mixed_float16``) applies, so
+    reduces, only where this rank's gradients are finite: a rank that overflows alone would leave the others
+    waiting in the all-reduce. With a PacTrain optimizer inside, its test asks every rank, so all skip together."""
+    from keras.optimizers import LossScaleOptimizer  # Keras 3
+
+    local_check = LossScaleOptimizer.check_finite
+
+    def check_finite(self: Any, grads: Sequence[Any]) -> Any:
+        finite = local_check(self, grads)
+        inner = getattr(self, "inner_optimizer", None)
+        return inner.pactrain_state.on_every_rank(finite) if isinstance(inner, _PacTrainOptimizer) else finite
+
+    LossScaleOptimizer.check_finite = check_finite
 
 
 def _is_keras3_optimizer(optimizer_class: type) -> bool:
@@ -155,6 +297,8 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
     ``"fp16"`` or ``"ternary"``: how packed values travel). Works with Keras 3 and tf-keras 2 optimizers, in
     ``model.fit`` and in custom loops (``optimizer.apply_gradients`` reduces: do not also wrap the
     tape). Like Horovod's, it is rebuilt from ``optimizer.get_config()``: wrap before training.
+    ``backward_passes_per_step`` > 1: gradients are summed locally and reduced every that many calls
+    (Horovod's local aggregation, see ``LocalAggregation``); one reduction is one schedule step.
 
     Use ``pactrain_hvd.tensorflow.keras.callbacks.BroadcastGlobalVariablesCallback``: it makes
     every rank start from the same weights (masks are computed from them) and masks. Horovod's
@@ -175,9 +319,11 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
                         "for other training loops use pactrain_hvd.tensorflow.DistributedGradientTape")
     if op not in (hvd.Average, hvd.Sum):
         raise ValueError("op currently only supports Average and Sum")
-    if backward_passes_per_step != 1:
-        raise ValueError(f"backward_passes_per_step={backward_passes_per_step!r}: local gradient accumulation is not "
-                         "supported by the TensorFlow frontend yet (use 1)")
+    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
+            or backward_passes_per_step <= 0:
+        raise ValueError(f"backward_passes_per_step must be an int > 0, got {backward_passes_per_step!r}")
+    if not isinstance(average_aggregated_gradients, bool):
+        raise TypeError(f"average_aggregated_gradients must be a bool, got {average_aggregated_gradients!r}")
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
                       DeprecationWarning, stacklevel=2)
@@ -195,7 +341,11 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
         config["name"] = name
     distributed = _distributed_class(optimizer_class).from_config(config)
     distributed.pactrain_state = state  # tracked: tf.train.Checkpoint(optimizer=...) saves masks and step
+    if backward_passes_per_step > 1:
+        distributed._agg_helper = LocalAggregation(backward_passes_per_step, average_aggregated_gradients,
+                                                   sparse_as_dense)
     if _is_keras3_optimizer(optimizer_class):
         distributed.pactrain = _keras_file_entry_class()(state)  # and so do model.save / save_weights
+        _agree_on_skipped_steps()
     state.optimizer = distributed
     return distributed

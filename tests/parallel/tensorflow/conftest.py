@@ -16,6 +16,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from horovod.runner.common.util.env import get_env_rank_and_size  # noqa: E402
 
 import pactrain_hvd.tensorflow as pt  # noqa: E402
 from pactrain_hvd.tensorflow.pruning import backing_variable, variable_names  # noqa: E402
@@ -26,11 +27,13 @@ keras = tf.keras
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)
 _check_names = itertools.count()
+# Registered at init, as in Horovod's process-set tests: with 2 ranks, rank 0 alone and rank 1 outside.
+EVEN_RANKS = hvd.ProcessSet(list(range(0, get_env_rank_and_size()[1], 2)))
 
 
 @pytest.fixture(scope="session", autouse=True)
 def horovod():
-    hvd.init()
+    hvd.init(process_sets=[EVEN_RANKS])
     assert hvd.size() >= 2, "run these tests under horovodrun -np 2"
     assert keras.__name__.startswith("tf_keras") == LEGACY_KERAS, f"tf.keras is {keras.__name__}"
     yield hvd
@@ -88,6 +91,23 @@ def tape_step(model, opt, state):
         return grads
 
     return step
+
+
+def horovod_idiom_step(model, opt, wrap):
+    """Horovod's TF2 example step: ``tape = wrap(tape)`` inside the tf.function; the wrapped tapes are kept."""
+    tapes = []
+
+    @tf.function(autograph=False)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        tape = wrap(tape)
+        tapes.append(tape)
+        sources = [backing_variable(v) for v in model.trainable_variables]  # Horovod's tape needs tf.Variable.ref
+        grads = tape.gradient(loss, sources)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    return step, tapes
 
 
 def named(variables) -> dict:
