@@ -23,7 +23,7 @@ import torch
 
 import pactrain_hvd.torch as pt
 from pactrain_hvd.bench.models import build, loss_fn, synthetic_batch
-from pactrain_hvd.core import PolynomialSchedule, fingerprint_table
+from pactrain_hvd.core import PolynomialSchedule, fingerprint_table, mask_fingerprint
 from pactrain_hvd.core.config import DEFAULT_VERIFY_EVERY
 
 
@@ -78,7 +78,7 @@ def main() -> None:
         opt._pruner.verify(opt.step_count)
         verify_times.append(time.perf_counter() - start)
         start = time.perf_counter()
-        fingerprint_table(prunable, masks, opt.step_count)
+        fingerprint_table(prunable, {name: mask_fingerprint(mask) for name, mask in masks.items()}, opt.step_count)
         fingerprint_times.append(time.perf_counter() - start)
     verify_times, fingerprint_times = verify_times[1:], fingerprint_times[1:]  # first call: warm-up
 

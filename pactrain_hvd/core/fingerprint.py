@@ -63,21 +63,21 @@ def _names_hash(names: Sequence[str]) -> int:
 
 def fingerprint_table(
     prunable: Mapping[str, int],
-    masks: Mapping[str, np.ndarray],
+    fingerprints: Mapping[str, tuple[int, int]],
     step: int,
     weight_sums: Mapping[str, float] | None = None,
 ) -> np.ndarray:
     """This rank's table, shape ``(1 + len(prunable), 3)``, int64.
 
-    ``prunable``: ``{name: numel}`` of every prunable tensor; ``masks``: the masks held (a missing
-    one counts as all kept); ``weight_sums``: ``{name: float}`` summarising the weights the masks
-    were ranked on (only used to explain a disagreement).
+    ``prunable``: ``{name: numel}`` of every prunable tensor; ``fingerprints``: ``mask_fingerprint`` of
+    each mask held (a missing one counts as all kept; frontends may cache them per mask); ``weight_sums``:
+    ``{name: float}`` summarising the weights the masks were ranked on (only used to explain a disagreement).
     """
     names = sorted(prunable)
     weight_sums = weight_sums or {}
     rows = [(len(names), _names_hash(names), int(step))]
     for name in names:
-        kept, positions = mask_fingerprint(masks[name]) if name in masks else (int(prunable[name]), 0)
+        kept, positions = fingerprints.get(name, (int(prunable[name]), 0))
         rows.append((kept, positions, weight_digest(weight_sums.get(name, 0.0))))
     return np.array(rows, dtype=np.int64)
 

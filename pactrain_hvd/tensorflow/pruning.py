@@ -15,6 +15,7 @@ from pactrain_hvd.core import (
     check_fingerprints,
     fingerprint_table,
     magnitude_masks,
+    mask_fingerprint,
     prunable_predicate,
     validate_mask,
 )
@@ -181,7 +182,7 @@ class Pruner:
         else:
             sums = {name: float(np.sum(weights[name], dtype=np.float64)) for name in self.prunable_names}
         numels = {name: self.variables[name].shape.num_elements() for name in self.prunable_names}
-        local = fingerprint_table(numels, masks, step, sums)
+        local = fingerprint_table(numels, {name: mask_fingerprint(mask) for name, mask in masks.items()}, step, sums)
         gathered = hvd.allgather(tf.constant(local), name="pactrain.mask_fingerprints", process_set=self.process_set)
         check_fingerprints(self.prunable_names, gathered.numpy(), self.process_set.size(), "tensorflow",
                            "After loading a checkpoint on one rank, call pactrain_hvd.tensorflow.broadcast_masks "

@@ -13,6 +13,7 @@ from pactrain_hvd.core import (
     check_fingerprints,
     fingerprint_table,
     magnitude_masks,
+    mask_fingerprint,
     prunable_predicate,
     validate_mask,
 )
@@ -54,6 +55,7 @@ class Pruner:
         self.process_set = process_set
         self.masks: dict[str, torch.Tensor] = {}
         self.pruned: dict[str, torch.Tensor] = {}  # ~mask, kept so that steps do not allocate it
+        self._fingerprints: dict[str, tuple[torch.Tensor, int, tuple[int, int]]] = {}  # mask, its version, hash
 
     def update(self, step: int, verify: bool = True) -> None:
         """Recompute masks at the schedule's target for ``step`` and (``verify``) prove them equal across ranks."""
@@ -86,18 +88,31 @@ class Pruner:
             self.apply_to_weights()
 
     def verify(self, step: int, masks: Mapping[str, np.ndarray] | None = None) -> None:
-        """Mask Tracker: allgather each rank's fingerprint table; raise on any disagreement, on every rank."""
+        """Mask Tracker: allgather each rank's fingerprint table; raise on any disagreement, on every rank.
+
+        ``masks``: new host masks about to be installed; default: the masks held, whose fingerprints are
+        hashed once per mask tensor (a new tensor or an in-place change hashes again), not at every check.
+        """
         if masks is None:
-            masks = {name: mask.cpu().numpy() for name, mask in self.masks.items()}
+            fingerprints = {name: self._held_fingerprint(name) for name in self.masks}
+        else:
+            fingerprints = {name: mask_fingerprint(mask) for name, mask in masks.items()}
         parameters = [self.parameters[name] for name in self.prunable_names]
         device = parameters[0].device if parameters else None
         sums = torch.stack([p.detach().double().sum().to(device) for p in parameters]).tolist() if parameters else []
-        local = fingerprint_table({name: p.numel() for name, p in zip(self.prunable_names, parameters)}, masks, step,
-                                  dict(zip(self.prunable_names, sums)))
+        local = fingerprint_table({name: p.numel() for name, p in zip(self.prunable_names, parameters)}, fingerprints,
+                                  step, dict(zip(self.prunable_names, sums)))
         gathered = hvd.allgather(torch.from_numpy(local), name="pactrain.mask_fingerprints", process_set=self.process_set)
         check_fingerprints(self.prunable_names, gathered.numpy(), self.process_set.size(), "torch",
                            "After loading a checkpoint on one rank, call hvd.broadcast_optimizer_state(optimizer, "
                            "root_rank=0) (it carries masks and schedule position) or pt.broadcast_masks(optimizer).")
+
+    def _held_fingerprint(self, name: str) -> tuple[int, int]:
+        mask = self.masks[name]
+        cached = self._fingerprints.get(name)
+        if cached is None or cached[0] is not mask or cached[1] != mask._version:
+            cached = self._fingerprints[name] = (mask, mask._version, mask_fingerprint(mask.cpu().numpy()))
+        return cached[2]
 
     @torch.no_grad()
     def apply_to_weights(self) -> None:

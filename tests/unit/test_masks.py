@@ -59,7 +59,7 @@ def test_fingerprint_tells_same_count_at_other_positions_apart():
     assert mask_fingerprint(a)[0] == mask_fingerprint(b)[0] == 3
     assert mask_fingerprint(a) != mask_fingerprint(b)
     assert mask_fingerprint(a) == mask_fingerprint(a.copy())
-    tables = [fingerprint_table({"fc.weight": 64}, {"fc.weight": m}, 7) for m in (a, b)]
+    tables = [fingerprint_table({"fc.weight": 64}, {"fc.weight": mask_fingerprint(m)}, 7) for m in (a, b)]
     (problem,) = describe_mismatches(["fc.weight"], tables)
     assert "'fc.weight'" in problem and "ranks [1]" in problem
     assert describe_mismatches(["fc.weight"], [tables[0]] * 2) == []
@@ -72,7 +72,7 @@ def gathered(*tables):
 def test_table_has_one_fixed_row_per_prunable_name_whatever_masks_a_rank_holds():
     prunable = {"a.weight": 8, "b.weight": 4}
     none_held = fingerprint_table(prunable, {}, 0)
-    all_kept = fingerprint_table(prunable, {"a.weight": np.ones(8, dtype=bool)}, 0)
+    all_kept = fingerprint_table(prunable, {"a.weight": mask_fingerprint(np.ones(8, dtype=bool))}, 0)
     assert none_held.shape == all_kept.shape == (3, 3)
     np.testing.assert_array_equal(none_held, all_kept)
     check_fingerprints(list(prunable), gathered(none_held, all_kept), 2, "torch", "hint")
@@ -89,10 +89,10 @@ def test_ranks_pruning_different_tensors_get_one_clear_error():
 def test_differing_weights_are_named_as_the_cause():
     a, b = np.zeros(8, dtype=bool), np.zeros(8, dtype=bool)
     a[:2], b[-2:] = True, True
-    tables = [fingerprint_table({"w": 8}, {"w": m}, 3, {"w": total}) for m, total in ((a, 1.5), (b, -0.25))]
+    tables = [fingerprint_table({"w": 8}, {"w": mask_fingerprint(m)}, 3, {"w": total}) for m, total in ((a, 1.5), (b, -0.25))]
     with pytest.raises(MaskMismatchError, match=r"masks differ across ranks: 'w'.*Weights differ too \('w'\).*hvd.broadcast_parameters"):
         check_fingerprints(["w"], gathered(*tables), 2, "torch", "hint")
-    same_weights = [fingerprint_table({"w": 8}, {"w": m}, 3, {"w": 1.5}) for m in (a, b)]
+    same_weights = [fingerprint_table({"w": 8}, {"w": mask_fingerprint(m)}, 3, {"w": 1.5}) for m in (a, b)]
     with pytest.raises(MaskMismatchError, match="pruning masks differ across ranks: 'w': ranks \\[1\\] differ from rank 0 \\(rank 0: 2 kept, rank 1: 2 kept\\)\\. hint"):
         check_fingerprints(["w"], gathered(*same_weights), 2, "torch", "hint")
 

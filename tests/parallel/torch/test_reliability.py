@@ -6,6 +6,7 @@ import torch
 from conftest import assert_same_on_all_ranks
 
 import pactrain_hvd.torch as pt
+from pactrain_hvd.torch import pruning
 
 
 def tiny_model():
@@ -80,3 +81,22 @@ def test_pruned_weights_stay_exactly_zero_without_the_re_zeroing_pass(make_optim
             assert torch.equal(weight[~mask], torch.zeros_like(weight[~mask])), f"{name} at step {step}"
     assert passes == [0, 2, 4], "only the mask changes zero weights (inside install)"
     assert_same_on_all_ranks(dict(model.named_parameters()))
+
+
+def test_a_check_hashes_a_mask_once_not_at_every_check(monkeypatch):
+    """Masks change only at installs: the Mask Tracker reuses each mask's hash until the tensor changes."""
+    model = tiny_model()
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+                                  sparsity=0.5, begin_step=0, end_step=0, pack_min_numel=0, verify_every=1)
+    hashed = []
+    original = pruning.mask_fingerprint
+    monkeypatch.setattr(pruning, "mask_fingerprint", lambda mask: hashed.append(mask.size) or original(mask))
+    for step in range(4):  # step 0 prunes (hashing the new masks), steps 1-3 each check the held masks
+        step_on(model, opt, step)
+    assert len(hashed) == 2 * len(opt.masks()), "once at the mask change, once at the first check of each"
+    if hvd.rank() == 1:  # an in-place change of a held mask is hashed again, and caught
+        mask = opt._pruner.masks["2.weight"]
+        mask.copy_(mask.flip(1))
+        opt._rebuild_plan()
+    with pytest.raises(pt.MaskMismatchError, match=r"'2.weight': ranks \[1\] differ"):
+        step_on(model, opt, 4)
