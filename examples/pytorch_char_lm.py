@@ -25,10 +25,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 
 import pactrain_hvd.torch as pt
 from pactrain_hvd.data import CharVocab, load_bible_text, random_windows, sequential_windows, split_tokens
+from pactrain_hvd.progress import Progress
 from pactrain_hvd.torch.reporting import WireTally, global_sum, log_step, pruning_steps, tensorboard_writer
 
 
@@ -136,7 +136,7 @@ def train_epoch(model, optimizer, train_ids: np.ndarray, steps: int, epoch: int,
     model.train()
     tally, loss_sum, correct, seen = WireTally(), 0.0, 0, 0
     started = time.perf_counter()
-    for _ in tqdm(range(steps), desc=f"epoch {epoch}", disable=hvd.rank() != 0, leave=False):
+    for _ in Progress(range(steps), desc=f"epoch {epoch}", enabled=hvd.rank() == 0):
         if args.max_steps is not None and state["step"] >= args.max_steps:
             break
         inputs, targets = random_windows(train_ids, args.batch_size, args.block_size, state["rng"])

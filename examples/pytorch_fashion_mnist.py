@@ -23,10 +23,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
-from tqdm import tqdm
 
 import pactrain_hvd.torch as pt
 from pactrain_hvd.data import load_fashion_mnist
+from pactrain_hvd.progress import Progress
 from pactrain_hvd.torch.reporting import WireTally, global_sum, log_step, pruning_steps, tensorboard_writer
 
 # Training-set statistics of Fashion-MNIST pixels scaled to [0, 1].
@@ -126,7 +126,7 @@ def train_epoch(model, optimizer, loader, epoch: int, state: dict, args, writer)
     model.train()
     tally, loss_sum, correct, seen = WireTally(), 0.0, 0, 0
     started = time.perf_counter()
-    for images, labels in tqdm(loader, desc=f"epoch {epoch}", disable=hvd.rank() != 0, leave=False):
+    for images, labels in Progress(loader, desc=f"epoch {epoch}", enabled=hvd.rank() == 0):
         if args.max_steps is not None and state["step"] >= args.max_steps:
             break
         images, labels = to_device(images, labels, state["device"])

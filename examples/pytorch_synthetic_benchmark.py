@@ -23,10 +23,10 @@ import torch
 import torch.backends.cudnn as cudnn
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 
 import pactrain_hvd.torch as pt
 from pactrain_hvd.core import ring_allreduce_bytes
+from pactrain_hvd.progress import Progress
 from pactrain_hvd.torch.reporting import log_wire, tensorboard_writer
 
 
@@ -216,7 +216,9 @@ def main(argv: list[str] | None = None) -> dict:
     benchmark_steps(args.num_warmup_batches)
     log("Running benchmark...")
     img_secs, steps, sent_bytes, dense_bytes = [], 0, 0, 0
-    for iteration in tqdm(range(args.num_iters), desc="benchmark", disable=hvd.rank() != 0, leave=False):
+    # Each iteration writes its own line; the bar (a terminal) or one closing line (a log) adds the count.
+    bar = Progress(range(args.num_iters), desc="benchmark", unit="iter", enabled=hvd.rank() == 0, every_percent=100)
+    for iteration in bar:
         tic = time.perf_counter()
         ran = benchmark_steps(args.num_batches_per_iter)
         if ran == 0:
@@ -225,8 +227,7 @@ def main(argv: list[str] | None = None) -> dict:
         stats = optimizer.stats()
         steps += ran
         sent_bytes, dense_bytes = sent_bytes + ran * stats["sent_bytes"], dense_bytes + ran * stats["dense_bytes"]
-        if hvd.rank() == 0:
-            tqdm.write(f"Iter #{iteration}: {img_sec:.1f} img/sec per {device}")
+        bar.write(f"Iter #{iteration}: {img_sec:.1f} img/sec per {device}")
         img_secs.append(img_sec)
         if writer is not None:
             log_iteration(writer, iteration, img_sec, stats)

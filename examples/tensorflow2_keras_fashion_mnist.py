@@ -22,6 +22,7 @@ import tensorflow as tf  # noqa: E402
 
 import pactrain_hvd.tensorflow.keras as ptk  # noqa: E402
 from pactrain_hvd.data import load_fashion_mnist  # noqa: E402
+from pactrain_hvd.progress import Progress  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -54,6 +55,28 @@ class WireScalars(tf.keras.callbacks.Callback):
             tf.summary.scalar("wire_bytes_per_step", stats["sent_bytes"])
             tf.summary.scalar("dense_bytes_per_step", stats["dense_bytes"])
             tf.summary.scalar("compression_ratio", stats["compression_ratio"])
+
+
+class RankZeroProgress(tf.keras.callbacks.Callback):
+    """Rank 0's progress (``pactrain_hvd.progress``), then one line per epoch of the averaged metrics.
+
+    Instead of Keras's own bar (``verbose=1``), whose carriage-return redraws come out of
+    ``horovodrun`` as fragments. Place it after ``MetricAverageCallback``.
+    """
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.bar = Progress(total=self.params["steps"], desc=f"epoch {epoch + 1}", enabled=hvd.rank() == 0)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if logs and "loss" in logs:
+            self.bar.set_postfix(loss=f"{float(logs['loss']):.3f}")
+        self.bar.update()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.bar.close()
+        if hvd.rank() == 0:
+            print(f"epoch {epoch + 1}: " + ", ".join(f"{key} {float(value):.4f}" for key, value in (logs or {}).items()),
+                  flush=True)
 
 
 args = parse_args()
@@ -103,13 +126,14 @@ callbacks = [
     ptk.callbacks.BroadcastGlobalVariablesCallback(0),
     # Average metrics among workers at the end of every epoch.
     ptk.callbacks.MetricAverageCallback(),
+    RankZeroProgress(),
 ]
 
 # Horovod: write logs on worker 0 only.
 if hvd.rank() == 0 and args.logdir:
     callbacks += [tf.keras.callbacks.TensorBoard(args.logdir), WireScalars(args.logdir)]
-verbose = 1 if hvd.rank() == 0 else 0
-model.fit(dataset, steps_per_epoch=args.steps_per_epoch, callbacks=callbacks, epochs=args.epochs, verbose=verbose)
+model.fit(dataset, steps_per_epoch=args.steps_per_epoch, callbacks=callbacks, epochs=args.epochs, verbose=0,
+          shuffle=False)  # the dataset is shuffled already (Keras warns otherwise)
 
 loss, accuracy = model.evaluate(test_images[..., None] / 255.0, test_labels, batch_size=1000, verbose=0)
 stats = opt.stats()

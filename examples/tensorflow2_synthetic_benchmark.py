@@ -20,9 +20,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from tqdm import tqdm  # noqa: E402
 
 import pactrain_hvd.tensorflow as pt  # noqa: E402
+from pactrain_hvd.progress import Progress  # noqa: E402
 from pactrain_hvd.tensorflow.pruning import backing_variable  # noqa: E402
 
 parser = argparse.ArgumentParser(description="TensorFlow Synthetic Benchmark with PacTrain",
@@ -85,10 +85,12 @@ timeit.timeit(benchmark_step, number=args.num_warmup_batches)
 writer = tf.summary.create_file_writer(args.logdir) if hvd.rank() == 0 and args.logdir else None
 log("Running benchmark...")
 img_secs = []
-for iteration in tqdm(range(args.num_iters), disable=hvd.rank() != 0, leave=False):
+# Each iteration writes its own line; the bar (a terminal) or one closing line (a log) adds the count.
+bar = Progress(range(args.num_iters), desc="benchmark", unit="iter", enabled=hvd.rank() == 0, every_percent=100)
+for iteration in bar:
     seconds = timeit.timeit(benchmark_step, number=args.num_batches_per_iter)
     img_sec = args.batch_size * args.num_batches_per_iter / seconds
-    log(f"Iter #{iteration}: {img_sec:.1f} img/sec per {device}")
+    bar.write(f"Iter #{iteration}: {img_sec:.1f} img/sec per {device}")
     img_secs.append(img_sec)
     if writer is not None:
         with writer.as_default(step=iteration):

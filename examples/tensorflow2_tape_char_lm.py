@@ -23,10 +23,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from tqdm import tqdm  # noqa: E402
 
 import pactrain_hvd.tensorflow as pt  # noqa: E402
 from pactrain_hvd.data import CharVocab, load_bible_text, random_windows, sequential_windows, split_tokens  # noqa: E402
+from pactrain_hvd.progress import Progress  # noqa: E402
 from pactrain_hvd.tensorflow.pruning import backing_variable  # noqa: E402
 
 keras = tf.keras
@@ -126,7 +126,7 @@ writer = tf.summary.create_file_writer(args.logdir) if hvd.rank() == 0 and args.
 step, sent, dense, started = 0, 0, 0, time.perf_counter()
 broadcast(model.variables)  # Horovod: start every rank from rank 0's weights (masks come from them)
 for epoch in range(1, args.epochs + 1):
-    for _ in tqdm(range(args.steps_per_epoch), desc=f"epoch {epoch}", disable=hvd.rank() != 0, leave=False):
+    for _ in Progress(range(args.steps_per_epoch), desc=f"epoch {epoch}", enabled=hvd.rank() == 0):
         if args.max_steps is not None and step >= args.max_steps:
             break
         inputs, targets = random_windows(train_ids, args.batch_size, args.block_size, rng)

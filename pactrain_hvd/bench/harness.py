@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,10 +28,11 @@ from pathlib import Path
 import horovod
 import torch
 
-from pactrain_hvd.bench.links import LinkSpec, Topology, delete_namespace, list_namespaces, stale_namespaces
+from pactrain_hvd.bench.links import LinkSpec, Loopback, Topology, delete_namespace, list_namespaces, stale_namespaces
 from pactrain_hvd.bench.methods import parse_method
 from pactrain_hvd.bench.rendezvous import slot_env, slot_plan
 from pactrain_hvd.core.accounting import ring_allreduce_bytes
+from pactrain_hvd.progress import Progress
 
 PROBE_PORT = 5201
 SKIPPED = "skipped by --skip"
@@ -80,9 +81,22 @@ class BenchConfig:
             raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={self.steps} warmup={self.warmup}")
 
 
-def say(config: BenchConfig, message: str) -> None:
-    if config.log:
-        print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+def say(config: BenchConfig, message: str, progress: Progress | None = None) -> None:
+    """A log line on stderr (above the progress bar, if one is drawn there)."""
+    if not config.log:
+        return
+    line = f"[bench {time.strftime('%H:%M:%S')}] {message}"
+    if progress is not None:
+        progress.write(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
+def job_count(config: BenchConfig) -> int:
+    """Jobs the run will start or skip: per link and model not wholly skipped, a bound and every method, per round."""
+    blocks = sum(1 for link in config.links for model in config.models
+                 if not all(config.skipped(model, link.label, method) for method in config.methods))
+    return blocks * config.repeats * (1 + len(config.methods))
 
 
 # -- processes ---------------------------------------------------------------------------------
@@ -122,8 +136,9 @@ def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
-def in_namespace(namespace: str, command: list[str]) -> list[str]:
-    return ["ip", "netns", "exec", namespace, *command]
+def in_namespace(namespace: str | None, command: list[str]) -> list[str]:
+    """``command`` run inside ``namespace``; ``None`` (a ``Loopback`` topology) runs it here."""
+    return command if namespace is None else ["ip", "netns", "exec", namespace, *command]
 
 
 def read_line(process: subprocess.Popen, timeout_s: float) -> str:
@@ -229,7 +244,7 @@ def wait_all(workers: list[subprocess.Popen], processes: Processes, timeout_s: f
         time.sleep(0.2)
 
 
-def start_rendezvous(topology: Topology, processes: Processes) -> tuple[subprocess.Popen, int]:
+def start_rendezvous(topology: Topology | Loopback, processes: Processes) -> tuple[subprocess.Popen, int]:
     server = processes.start(in_namespace(topology.bridge_namespace, python_module(
         "pactrain_hvd.bench.rendezvous", "--size", str(topology.world_size))),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
@@ -239,7 +254,7 @@ def start_rendezvous(topology: Topology, processes: Processes) -> tuple[subproce
     return server, int(json.loads(line)["port"])
 
 
-def rank_env(topology: Topology, rank: int, port: int, cycle_time_ms: float | None = None) -> dict[str, str]:
+def rank_env(topology: Topology | Loopback, rank: int, port: int, cycle_time_ms: float | None = None) -> dict[str, str]:
     env = child_env()
     if cycle_time_ms is not None:
         env["HOROVOD_CYCLE_TIME"] = f"{cycle_time_ms:g}"
@@ -250,30 +265,46 @@ def rank_env(topology: Topology, rank: int, port: int, cycle_time_ms: float | No
     return env
 
 
-def run_cell(config: BenchConfig, topology: Topology, processes: Processes, model: str, method: str,
-             workdir: Path) -> list[dict]:
-    """One Horovod job: ``world_size`` ranks in their namespaces. Returns the ranks' records."""
-    cell_dir = Path(tempfile.mkdtemp(prefix=f"{model}-{method}-", dir=workdir))
+def run_job(topology: Topology | Loopback, processes: Processes, command: Callable[[int], list[str]], logdir: Path,
+            timeout_s: float, cycle_time_ms: float | None = None, show_rank: int | None = None) -> None:
+    """One Horovod job: ``command(rank)`` for every rank in its namespace, with its own Gloo rendezvous.
+
+    Each rank's output goes to ``logdir/rank<r>.log``, but ``show_rank``'s to this process's
+    stdout and stderr. A failure raises ``RuntimeError`` with the tails of the logs.
+    """
     server, port = start_rendezvous(topology, processes)
-    logs = [open(cell_dir / f"rank{rank}.log", "w") for rank in range(topology.world_size)]
+    logs = [None if rank == show_rank else open(logdir / f"rank{rank}.log", "w") for rank in range(topology.world_size)]
     try:
-        workers = [processes.start(in_namespace(topology.worker_namespace(rank), python_module(
-            "pactrain_hvd.bench.worker", "--model", model, "--method", method,
-            "--batch-size", str(config.batch_sizes[model]), "--warmup", str(config.warmup),
-            "--steps", str(config.steps), "--seed", str(config.seed), "--threads", str(config.threads),
-            "--out", str(cell_dir / f"rank{rank}.json"))),
-            stdout=logs[rank], stderr=subprocess.STDOUT, env=rank_env(topology, rank, port, config.cycle_time_ms))
-            for rank in range(topology.world_size)]
-        failure = wait_all(workers, processes, config.cell_timeout_s)
+        workers = [processes.start(in_namespace(topology.worker_namespace(rank), command(rank)),
+                                   stdout=logs[rank], stderr=subprocess.STDOUT if logs[rank] else None,
+                                   env=rank_env(topology, rank, port, cycle_time_ms))
+                   for rank in range(topology.world_size)]
+        failure = wait_all(workers, processes, timeout_s)
     finally:
         for log in logs:
-            log.close()
+            if log:
+                log.close()
         server.stdin.close()
         processes.stop(server)
     if failure:
-        logs_tail = "\n".join(f"--- rank {rank} log:\n{tail(cell_dir / f'rank{rank}.log', 12)}"
-                              for rank in range(topology.world_size))
+        logs_tail = "\n".join(f"--- rank {rank} log:\n{tail(logdir / f'rank{rank}.log', 12)}"
+                              for rank in range(topology.world_size) if rank != show_rank)
         raise RuntimeError(f"{failure}\n{logs_tail}")
+
+
+def run_cell(config: BenchConfig, topology: Topology, processes: Processes, model: str, method: str,
+             workdir: Path) -> list[dict]:
+    """One benchmark cell: ``world_size`` workers in their namespaces. Returns the ranks' records."""
+    cell_dir = Path(tempfile.mkdtemp(prefix=f"{model}-{method}-", dir=workdir))
+
+    def worker(rank: int) -> list[str]:
+        return python_module(
+            "pactrain_hvd.bench.worker", "--model", model, "--method", method,
+            "--batch-size", str(config.batch_sizes[model]), "--warmup", str(config.warmup),
+            "--steps", str(config.steps), "--seed", str(config.seed), "--threads", str(config.threads),
+            "--out", str(cell_dir / f"rank{rank}.json"))
+
+    run_job(topology, processes, worker, cell_dir, config.cell_timeout_s, config.cycle_time_ms)
     return [json.loads((cell_dir / f"rank{rank}.json").read_text()) for rank in range(topology.world_size)]
 
 
@@ -337,21 +368,24 @@ def run_benchmark(config: BenchConfig) -> dict:
     config.validate()
     processes, topology = Processes(), Topology(config.world_size)
     results = {"meta": meta(config), "links": {}, "bounds": [], "cells": []}
-    with cleanup_on_signals(), tempfile.TemporaryDirectory(prefix="ptb-") as tmp:
+    progress = Progress(total=job_count(config), desc="[bench] progress", unit="job", enabled=config.log,
+                        stream=sys.stderr)
+    with cleanup_on_signals(), tempfile.TemporaryDirectory(prefix="ptb-") as tmp, progress:
         workdir = Path(tmp)
         try:
             remove_stale(config)
             topology.create()
-            say(config, f"namespaces: {', '.join(topology.created)}")
+            say(config, f"namespaces: {', '.join(topology.created)}", progress)
             for link in config.links:
                 topology.shape(link)
                 results["links"][link.label] = probe_links(topology, processes, config.probe_seconds)
-                say(config, f"link {link.label}: probed {results['links'][link.label]['mbit_per_s']:.1f} Mbit/s")
+                say(config, f"link {link.label}: probed {results['links'][link.label]['mbit_per_s']:.1f} Mbit/s",
+                    progress)
                 for model in config.models:
                     if all(config.skipped(model, link.label, method) for method in config.methods):
                         continue
                     bound, cells = run_block(config, topology, processes, model, link, results["links"][link.label],
-                                             workdir)
+                                             workdir, progress)
                     results["bounds"].append(bound)
                     results["cells"].extend(cells)
         finally:
@@ -362,7 +396,7 @@ def run_benchmark(config: BenchConfig) -> dict:
 
 
 def run_block(config: BenchConfig, topology: Topology, processes: Processes, model: str, link: LinkSpec,
-              probed: dict, workdir: Path) -> tuple[dict, list[dict]]:
+              probed: dict, workdir: Path, progress: Progress) -> tuple[dict, list[dict]]:
     """The compute bound and every method of one model on one link, ``config.repeats`` times over.
 
     The machine is shared and its load drifts, so the bound is measured next to the cells it
@@ -375,8 +409,9 @@ def run_block(config: BenchConfig, topology: Topology, processes: Processes, mod
         bound = dict(compute_bound(config, processes, model, workdir), link=link.label)
         bounds.append(bound)
         say(config, f"compute bound {model} x{config.world_size}, batch {bound['batch_size']}: "
-                    f"{bound['samples_per_s']:.2f} samples/s")
-        rounds.append([run_one(config, topology, processes, model, link, method, probed, bound, workdir)
+                    f"{bound['samples_per_s']:.2f} samples/s", progress)
+        progress.update()
+        rounds.append([run_one(config, topology, processes, model, link, method, probed, bound, workdir, progress)
                        for method in config.methods])
     best_bound = max(bounds, key=lambda b: b["samples_per_s"])
     best_bound = dict(best_bound, rounds=[b["samples_per_s"] for b in bounds])
@@ -396,22 +431,25 @@ def best_round(tries: list[dict], bound: dict) -> dict:
 
 
 def run_one(config: BenchConfig, topology: Topology, processes: Processes, model: str, link: LinkSpec, method: str,
-            probed: dict, bound: dict, workdir: Path) -> dict:
+            probed: dict, bound: dict, workdir: Path, progress: Progress) -> dict:
     cell = {"model": model, "link": link.label, "method": method, "batch_size": config.batch_sizes[model],
             "loadavg_start": os.getloadavg()[0]}
     if config.skipped(model, link.label, method):
-        say(config, f"{model} {link.label} {method}: skipped")
+        say(config, f"{model} {link.label} {method}: skipped", progress)
+        progress.update()
         return dict(cell, error=SKIPPED)
     started = time.monotonic()
     try:
         ranks = run_cell(config, topology, processes, model, method, workdir)
         cell.update(summarize_cell(ranks, probed, bound))
-        say(config, f"{model} {link.label} {method}: {cell['samples_per_s']:.2f} samples/s, "
-                    f"{cell['ratio_to_bound']:.2f}x bound, wire {cell['wire_tx_bytes_per_step'] / 1e6:.2f} MB/step")
+        message = (f"{model} {link.label} {method}: {cell['samples_per_s']:.2f} samples/s, "
+                   f"{cell['ratio_to_bound']:.2f}x bound, wire {cell['wire_tx_bytes_per_step'] / 1e6:.2f} MB/step")
     except (RuntimeError, TimeoutError, OSError, ValueError, KeyError) as error:
         cell["error"] = str(error)
-        say(config, f"{model} {link.label} {method}: FAILED: {error}")
+        message = f"{model} {link.label} {method}: FAILED: {error}"
     cell["wall_s"] = time.monotonic() - started
+    say(config, message, progress)
+    progress.update()
     return cell
 
 

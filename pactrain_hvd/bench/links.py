@@ -162,6 +162,38 @@ def write_hosts_file(namespace: str, address: str) -> Path:
     return hosts
 
 
+def namespaces_unavailable() -> str | None:
+    """Why this machine cannot emulate links (not root, no iproute2, ``ip netns add`` refused), or None."""
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "needs iproute2 (ip, tc)"
+    probe = f"{NAME_ROOT}{os.getpid()}-probe"
+    added = run(["ip", "netns", "add", probe], check=False)
+    if added.returncode != 0:
+        return f"`ip netns add` fails here: {added.stderr.strip()}"
+    delete_namespace(probe)
+    return None
+
+
+@dataclass
+class Loopback:
+    """Every rank on this machine's loopback, unshaped: ``Topology``'s interface without root.
+
+    No rank has a NIC of its own, so there are no per-rank counters.
+    """
+
+    world_size: int
+    bridge_namespace = None
+    bridge_address = "127.0.0.1"
+
+    def worker_namespace(self, rank: int) -> None:
+        return None
+
+    def worker_device(self, rank: int) -> str:
+        return "lo"
+
+
 @dataclass
 class Topology:
     """The namespaces, links and addresses of one benchmark run, and what has been created so far.

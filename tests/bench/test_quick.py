@@ -6,8 +6,6 @@ no namespace or /etc/netns entry survives a run, a normal one or an interrupted 
 """
 
 import json
-import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,19 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from pactrain_hvd.bench.links import namespaces_unavailable
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _namespaces_unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root to create network namespaces"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "needs iproute2 (ip, tc)"
-    probe = f"ptb-{os.getpid()}-probe"
-    added = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if added.returncode != 0:
-        return f"`ip netns add` fails here: {added.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    reason = namespaces_unavailable()
+    if reason:
+        return reason
     try:
         import horovod.torch  # noqa: F401
     except ImportError as error:
