@@ -51,3 +51,16 @@ def assert_same_on_all_ranks(tensors: dict, what: str = "parameter") -> None:
         gathered = hvd.allgather(tensor.detach().reshape(1, -1).contiguous(), name=f"check.{what}.{name}")
         for rank in range(1, hvd.size()):
             assert torch.equal(gathered[0], gathered[rank]), f"{what} {name} differs between rank 0 and rank {rank}"
+
+
+def amp_step(model, opt, scaler, loss) -> bool:
+    """One step of Horovod's AMP idiom (backward, synchronize, unscale, step outside synchronize); whether
+    the scaler skipped it (no weight moved)."""
+    scaler.scale(loss).backward()
+    opt.synchronize()
+    scaler.unscale_(opt)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with opt.skip_synchronize():
+        scaler.step(opt)
+    scaler.update()
+    return all(torch.equal(p, before[n]) for n, p in model.named_parameters())
