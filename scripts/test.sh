@@ -37,6 +37,7 @@ run "tensorflow x2 (gloo)" "$VENV/bin/horovodrun" -np 2 -H localhost:2 --gloo \
   "$PY" -m pytest "${PYTEST[@]}" tests/parallel/tensorflow
 run "tensorflow tf-keras 2 x2 (gloo)" env TF_USE_LEGACY_KERAS=1 "$VENV/bin/horovodrun" -np 2 -H localhost:2 --gloo \
   "$PY" -m pytest "${PYTEST[@]}" tests/parallel/tensorflow
+run "torch DDP comm hook x2 (gloo, torch.multiprocessing)" env TF_CPP_MIN_LOG_LEVEL=3 "$PY" -m pytest "${PYTEST[@]}" tests/ddp
 run "resume after kill (horovodrun)" "$PY" -m pytest "${PYTEST[@]}" tests/integration
 run "elastic (horovodrun)" "$PY" -m pytest "${PYTEST[@]}" tests/elastic
 run "benchmark --quick (network namespaces)" "$PY" -m pytest "${PYTEST[@]}" tests/bench

@@ -3,6 +3,7 @@
 from horovod.torch.compression import Compression
 
 from pactrain_hvd.core import CheckpointError, MaskMismatchError
+from pactrain_hvd.torch import ddp
 from pactrain_hvd.torch.checkpoint import load_checkpoint, save_checkpoint
 from pactrain_hvd.torch.compression import PacTrainCompressor
 from pactrain_hvd.torch.elastic import PacTrainStateHandler  # registers itself with hvd.elastic.TorchState
@@ -19,6 +20,7 @@ __all__ = [
     "Pruner",
     "broadcast_masks",
     "broadcast_optimizer_state",
+    "ddp",
     "default_prunable",
     "load_checkpoint",
     "save_checkpoint",

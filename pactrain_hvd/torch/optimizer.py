@@ -39,7 +39,7 @@ from pactrain_hvd.core.lanes import SCALE_BYTES, ternary_layout
 from pactrain_hvd.core.own_masks import schedule_sparsity
 from pactrain_hvd.torch.compression import PacTrainCompressor
 from pactrain_hvd.torch.own_masks import resolve_masks, sync_prune_buffers, warn_if_torch_pruned
-from pactrain_hvd.torch.pruning import Prunable, Pruner, select_prunable
+from pactrain_hvd.torch.pruning import Prunable, Pruner, host_masks, select_prunable, zero_stays_zero
 from pactrain_hvd.torch.ternary import TernaryReduction
 
 _SUPPORTED_OPS = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Min: "Min", hvd.Max: "Max"}
@@ -49,16 +49,6 @@ _OTHER_OPS = {hvd.Adasum: "Adasum", hvd.Product: "Product"}
 _REDUCIBLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # PacTrain's entries in a prunable parameter's optimizer state (see DistributedOptimizer.state_dict)
 _MASK_KEY, _STEP_KEY = "pactrain.mask", "pactrain.step"
-# Optimizers whose update leaves a coordinate at exactly 0 when its weight, gradient and state are 0 (every
-# term of their update is a multiple of one of those). Pruned coordinates have zero gradients (packing) and
-# zero state (cleared at each mask change), so with these, re-zeroing pruned weights after every step is a
-# no-op pass over every prunable weight: it runs at mask changes and Mask Tracker checks only. Exact types:
-# a subclass may change the update.
-_ZERO_STAYS_ZERO = frozenset({
-    torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax, torch.optim.NAdam, torch.optim.RAdam,
-    torch.optim.RMSprop, torch.optim.Adagrad, torch.optim.Adadelta, torch.optim.ASGD, torch.optim.Rprop,
-    torch.optim.SparseAdam,
-})
 
 
 def _require_initialized() -> None:
@@ -216,7 +206,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._checks_masks = self._tracking and self._communicating
         self._verify_pending = self._checks_masks
         self._exported: dict | None = None  # the PacTrain state last handed out by state_dict(), see _adopt_exported
-        self._zero_stays_zero = type(optimizer) in _ZERO_STAYS_ZERO
+        self._zero_stays_zero = zero_stays_zero(optimizer)
         self._weights_unmasked = False  # masks changed without zeroing the weights (adopted mid-backward)
         self._stats = StepStats()
         self.values = values
@@ -325,7 +315,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
         Ranks prove they agree at the first step, then every ``verify_every`` steps.
         """
-        self._install_masks(self._pruner.validate(_host_masks(masks)))
+        self._install_masks(self._pruner.validate(host_masks(masks)))
 
     def _install_masks(self, masks: dict[str, np.ndarray], zero_weights: bool = True) -> None:
         self._exported = None
@@ -368,7 +358,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if exported is None:
             return
         step = int(exported["step"][0])
-        masks = _host_masks(exported["masks"], flags=True)
+        masks = host_masks(exported["masks"], flags=True)
         held = {name: mask.cpu().numpy() for name, mask in self._pruner.masks.items()}
         if step == self._step and masks.keys() >= held.keys() and all(
                 np.array_equal(mask, held[name]) if name in held else mask.all() for name, mask in masks.items()):
@@ -688,7 +678,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
                 raise CheckpointError(f"checkpoint 'pactrain' step must be an int >= 0, got {step!r}")
             try:
-                masks = self._pruner.validate(_host_masks(pactrain["masks"], flags=True))
+                masks = self._pruner.validate(host_masks(pactrain["masks"], flags=True))
             except (TypeError, ValueError) as error:
                 raise CheckpointError(f"checkpoint does not fit this model: {error}") from error
             current = while_running(self.process_set.size)
@@ -722,26 +712,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return None
         self._ternary.memory.validate(saved["residuals"], {name: int(mask.sum()) for name, mask in masks.items()})
         return saved
-
-
-def _host_masks(masks: dict[str, Any], flags: bool = False) -> dict[str, np.ndarray]:
-    """Masks as host arrays; anything that is not a readable tensor or array is refused by name.
-
-    ``flags``: uint8 0/1 masks (as ``state_dict()`` writes them) become bool."""
-    if not isinstance(masks, dict):
-        raise TypeError(f"masks must be a dict of parameter name -> bool tensor, got {type(masks).__name__}")
-    host = {}
-    for name, mask in masks.items():
-        try:
-            host[name] = torch.as_tensor(mask).cpu().numpy()
-        except (TypeError, ValueError, RuntimeError, NotImplementedError) as error:
-            raise TypeError(f"mask for {name!r} must be a bool tensor or array with data, got {type(mask).__name__}: "
-                            f"{error}") from error
-        if flags and host[name].dtype == np.uint8:
-            if host[name].max(initial=0) > 1:
-                raise ValueError(f"mask for {name!r} must hold 0/1 flags, got values up to {host[name].max()}")
-            host[name] = host[name].astype(np.bool_)
-    return host
 
 
 def broadcast_masks(optimizer: DistributedOptimizer, root_rank: int = 0) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import horovod.torch as hvd
 import numpy as np
@@ -32,6 +34,27 @@ def select_prunable(named_parameters: Mapping[str, torch.Tensor], prunable: Prun
     return [name for name, param in named_parameters.items() if param.requires_grad and predicate(name, param)]
 
 
+@dataclass(frozen=True)
+class TableExchange:
+    """How the Mask Tracker moves fingerprint tables: the communicator, apart from what it checks.
+
+    ``allgather``: this rank's int64 table -> every rank's, concatenated along dim 0 (any lengths);
+    ``size``: the number of ranks; ``hint``: how a user of this frontend shares masks.
+    """
+
+    allgather: Callable[[torch.Tensor], torch.Tensor]
+    size: Callable[[], int]
+    hint: str
+
+
+def horovod_exchange(process_set: hvd.ProcessSet) -> TableExchange:
+    return TableExchange(
+        allgather=lambda table: hvd.allgather(table, name="pactrain.mask_fingerprints", process_set=process_set),
+        size=process_set.size,
+        hint="After loading a checkpoint on one rank, call hvd.broadcast_optimizer_state(optimizer, root_rank=0) "
+             "(it carries masks and schedule position) or pt.broadcast_masks(optimizer).")
+
+
 class Pruner:
     """What persists between steps for pruning: the masks, and the Mask Tracker check.
 
@@ -47,12 +70,14 @@ class Pruner:
         schedule: PolynomialSchedule,
         ranking: str = "layer",
         process_set: hvd.ProcessSet = hvd.global_process_set,
+        exchange: TableExchange | None = None,
     ) -> None:
         self.parameters = dict(named_parameters)
         self.prunable_names = list(prunable_names)
         self.schedule = schedule
         self.ranking = ranking
         self.process_set = process_set
+        self.exchange = exchange or horovod_exchange(process_set)
         self.masks: dict[str, torch.Tensor] = {}
         self.pruned: dict[str, torch.Tensor] = {}  # ~mask, kept so that steps do not allocate it
         self._fingerprints: dict[str, tuple[torch.Tensor, int, tuple[int, int]]] = {}  # mask, its version, hash
@@ -102,10 +127,8 @@ class Pruner:
         sums = torch.stack([p.detach().double().sum().to(device) for p in parameters]).tolist() if parameters else []
         local = fingerprint_table({name: p.numel() for name, p in zip(self.prunable_names, parameters)}, fingerprints,
                                   step, dict(zip(self.prunable_names, sums)))
-        gathered = hvd.allgather(torch.from_numpy(local), name="pactrain.mask_fingerprints", process_set=self.process_set)
-        check_fingerprints(self.prunable_names, gathered.numpy(), self.process_set.size(), "torch",
-                           "After loading a checkpoint on one rank, call hvd.broadcast_optimizer_state(optimizer, "
-                           "root_rank=0) (it carries masks and schedule position) or pt.broadcast_masks(optimizer).")
+        gathered = self.exchange.allgather(torch.from_numpy(local))
+        check_fingerprints(self.prunable_names, gathered.numpy(), self.exchange.size(), "torch", self.exchange.hint)
 
     def _held_fingerprint(self, name: str) -> tuple[int, int]:
         mask = self.masks[name]
@@ -142,3 +165,39 @@ class Pruner:
         total = sum(self.parameters[name].numel() for name in self.prunable_names)
         kept = sum(int(self.masks[n].sum()) if n in self.masks else self.parameters[n].numel() for n in self.prunable_names)
         return 1.0 - kept / total if total else 0.0
+
+
+# Optimizers whose update leaves a coordinate at exactly 0 when its weight, gradient and state are 0 (every
+# term of their update is a multiple of one of those). Pruned coordinates have zero gradients (packing) and
+# zero state (cleared at each mask change), so with these, re-zeroing pruned weights after every step is a
+# no-op pass over every prunable weight. Exact types: a subclass may change the update.
+_ZERO_STAYS_ZERO = frozenset({
+    torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax, torch.optim.NAdam, torch.optim.RAdam,
+    torch.optim.RMSprop, torch.optim.Adagrad, torch.optim.Adadelta, torch.optim.ASGD, torch.optim.Rprop,
+    torch.optim.SparseAdam,
+})
+
+
+def zero_stays_zero(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether re-zeroing pruned weights after ``optimizer``'s step can be skipped (see above)."""
+    return type(optimizer) in _ZERO_STAYS_ZERO
+
+
+def host_masks(masks: dict[str, Any], flags: bool = False) -> dict[str, np.ndarray]:
+    """Masks as host arrays; anything that is not a readable tensor or array is refused by name.
+
+    ``flags``: uint8 0/1 masks (as ``state_dict()`` writes them) become bool."""
+    if not isinstance(masks, dict):
+        raise TypeError(f"masks must be a dict of parameter name -> bool tensor, got {type(masks).__name__}")
+    host = {}
+    for name, mask in masks.items():
+        try:
+            host[name] = torch.as_tensor(mask).cpu().numpy()
+        except (TypeError, ValueError, RuntimeError, NotImplementedError) as error:
+            raise TypeError(f"mask for {name!r} must be a bool tensor or array with data, got {type(mask).__name__}: "
+                            f"{error}") from error
+        if flags and host[name].dtype == np.uint8:
+            if host[name].max(initial=0) > 1:
+                raise ValueError(f"mask for {name!r} must hold 0/1 flags, got values up to {host[name].max()}")
+            host[name] = host[name].astype(np.bool_)
+    return host

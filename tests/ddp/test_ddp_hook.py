@@ -1,0 +1,222 @@
+"""pt.ddp.pactrain_hook on torch DistributedDataParallel: 2 processes, Gloo, under a timeout.
+
+Every scenario runs on both ranks (``torch.multiprocessing``) and asserts values there: equality
+with DDP's own all-reduce, ranks bitwise identical, zeros where pruned, survivors equal to a dense
+reference, the bytes handed to ``all_reduce``, an exact resume, and one clear error for masks that differ.
+"""
+
+import copy
+import os
+import socket
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import pactrain_hvd.torch as pt
+from pactrain_hvd.core import MaskMismatchError
+
+WORLD = 2
+TIMEOUT_S = 240
+
+
+class Net(torch.nn.Module):
+    def __init__(self, unused_branch: bool = False) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.fc1 = torch.nn.Linear(16 * 8 * 8, 64)
+        self.fc2 = torch.nn.Linear(64, 10)
+        self.unused = torch.nn.Linear(10, 10) if unused_branch else None
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+def batch(step: int):
+    generator = torch.Generator().manual_seed(1000 * dist.get_rank() + step)
+    return torch.randn(8, 3, 16, 16, generator=generator), torch.randint(0, 10, (8,), generator=generator)
+
+
+def make(hooked: bool = True, unused: bool = False, sparsity: float = 0.9, verify_every: int = 100, **ddp_kwargs):
+    """A DDP model in several buckets, SGD + momentum + weight decay, and (``hooked``) PacTrain's hook."""
+    torch.manual_seed(0)
+    model = DDP(Net(unused), bucket_cap_mb=0.02, find_unused_parameters=unused, **ddp_kwargs)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    state = None
+    if hooked:
+        state = pt.ddp.PacTrainHookState(model, opt, sparsity=sparsity, begin_step=0, end_step=0, pack_min_numel=0,
+                                         verify_every=verify_every)
+        model.register_comm_hook(state, pt.ddp.pactrain_hook)
+    return model, opt, state
+
+
+def step(model, opt, index):
+    inputs, labels = batch(index)
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(inputs), labels).backward()
+    opt.step()
+
+
+def same_on_all_ranks(tensors: dict) -> None:
+    for name, tensor in tensors.items():
+        gathered = [torch.empty_like(tensor) for _ in range(WORLD)]
+        dist.all_gather(gathered, tensor.detach().contiguous())
+        assert all(torch.equal(gathered[0], t) for t in gathered), f"{name} differs across ranks"
+
+
+def scenario_sparsity_zero_is_ddps_allreduce():
+    ours, ours_opt, ours_state = make(sparsity=0.0)
+    theirs, theirs_opt, _ = make(hooked=False)
+    for index in range(4):
+        step(ours, ours_opt, index)
+        step(theirs, theirs_opt, index)
+        for (name, a), b in zip(ours.module.named_parameters(), theirs.module.parameters()):
+            assert torch.equal(a, b), f"{name} differs from DDP's default all-reduce at step {index}"
+    stats = ours_state.stats()
+    assert stats["sent_bytes"] == stats["dense_bytes"] == 4 * sum(p.numel() for p in ours.parameters())
+
+
+def scenario_pruned(gradient_as_bucket_view: bool, static_graph: bool, unused: bool):
+    model, opt, state = make(unused=unused, gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph)
+    for index in range(5):
+        twin = copy.deepcopy(model.module)
+        inputs, labels = batch(index)
+        torch.nn.functional.cross_entropy(twin(inputs), labels).backward()
+        step(model, opt, index)
+        if index == 0:
+            continue  # step 0 prunes after its reduction
+        masks = state.masks()
+        for (name, p), q in zip(model.module.named_parameters(), twin.parameters()):
+            if q.grad is None:
+                assert unused and name.startswith("unused"), name
+                continue
+            reference = (q.grad * masks[name] if name in masks else q.grad) / WORLD
+            dist.all_reduce(reference)
+            assert torch.equal(p.grad, reference), f"gradient of {name} at step {index}"
+    masks = state.masks()
+    assert masks and state.step_count == 5
+    for name, mask in masks.items():
+        weight = dict(model.module.named_parameters())[name]
+        assert int(mask.sum()) == round(mask.numel() * 0.1), name
+        assert torch.equal(weight[~mask], torch.zeros_like(weight[~mask])), f"{name} pruned weights are not 0"
+    same_on_all_ranks(dict(model.module.named_parameters()))
+    stats = state.stats()
+    kept = sum(int(mask.sum()) for mask in masks.values())
+    unpruned = sum(p.numel() for name, p in model.module.named_parameters() if name not in masks)
+    assert stats["sent_bytes"] == 4 * (kept + unpruned), "every bucket holds pruned weights: packed"
+    assert stats["dense_bytes"] == 4 * sum(p.numel() for p in model.module.parameters())
+
+
+def scenario_masks_that_differ_are_one_error_everywhere():
+    model, opt, state = make(verify_every=2)
+    step(model, opt, 0)
+    step(model, opt, 1)  # step 2 is a check every rank knows about
+    saved = state.state_dict()
+    if dist.get_rank() == 1:
+        saved = dict(saved, masks={name: mask.flip(-1) for name, mask in saved["masks"].items()})
+    state.load_state_dict(saved)  # local: rank 1 now disagrees; caught at that check, not a hang
+    weights = {name: p.detach().clone() for name, p in model.module.named_parameters()}
+    with pytest.raises(MaskMismatchError, match=r"ranks \[1\] differ from rank 0"):
+        step(model, opt, 2)
+    for name, p in model.module.named_parameters():
+        assert torch.equal(p, weights[name]), f"{name} was updated with masks that differ"
+
+
+def scenario_exact_resume():
+    reference, reference_opt, reference_state = make()
+    for index in range(6):
+        step(reference, reference_opt, index)
+    model, opt, state = make()
+    for index in range(3):
+        step(model, opt, index)
+    saved = copy.deepcopy({"model": model.module.state_dict(), "opt": opt.state_dict(), "pactrain": state.state_dict()})
+    model, opt, state = make()
+    model.module.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    state.load_state_dict(saved["pactrain"])
+    for index in range(3, 6):
+        step(model, opt, index)
+    assert state.step_count == reference_state.step_count == 6
+    for (name, a), b in zip(model.module.named_parameters(), reference.module.parameters()):
+        assert torch.equal(a, b), f"{name} differs from the uninterrupted run"
+
+
+def scenario_fp16_values():
+    """``packed_values="fp16"``: survivors travel as fp16 (half the bytes), averaged like the fp32 reference."""
+    torch.manual_seed(0)
+    model = DDP(Net(), bucket_cap_mb=0.02)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    state = pt.ddp.PacTrainHookState(model, opt, sparsity=0.9, begin_step=0, end_step=0, pack_min_numel=0,
+                                     packed_values="fp16")
+    model.register_comm_hook(state, pt.ddp.pactrain_hook)
+    step(model, opt, 0)
+    twin = copy.deepcopy(model.module)
+    inputs, labels = batch(1)
+    torch.nn.functional.cross_entropy(twin(inputs), labels).backward()
+    step(model, opt, 1)
+    masks = state.masks()
+    for (name, p), q in zip(model.module.named_parameters(), twin.parameters()):
+        reference = (q.grad * masks[name] if name in masks else q.grad) / WORLD
+        dist.all_reduce(reference)
+        torch.testing.assert_close(p.grad, reference, rtol=2e-3, atol=1e-5, msg=f"gradient of {name}")
+    kept = sum(int(mask.sum()) for mask in masks.values())
+    unpruned = sum(p.numel() for name, p in model.module.named_parameters() if name not in masks)
+    assert state.stats()["sent_bytes"] == 2 * (kept + unpruned)
+    same_on_all_ranks(dict(model.module.named_parameters()))
+
+
+SCENARIOS = {
+    "fp16_values": (scenario_fp16_values, ()),
+    "sparsity_zero": (scenario_sparsity_zero_is_ddps_allreduce, ()),
+    "pruned_bucket_view": (scenario_pruned, (True, False, False)),
+    "pruned_copy_static_graph": (scenario_pruned, (False, True, False)),
+    "pruned_unused_parameters": (scenario_pruned, (False, False, True)),
+    "mismatch": (scenario_masks_that_differ_are_one_error_everywhere, ()),
+    "resume": (scenario_exact_resume, ()),
+}
+
+
+def _worker(rank: int, name: str, port: int, errors) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        function, args = SCENARIOS[name]
+        function(*args)
+        dist.barrier()  # no rank tears the group down while another still talks to it
+    except BaseException:  # noqa: BLE001 - reported to the parent, which fails the test
+        errors.put((rank, traceback.format_exc()))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_ddp_hook(name):
+    context = mp.get_context("spawn")
+    errors = context.Queue()
+    processes = [context.Process(target=_worker, args=(rank, name, port, errors)) for port in [_free_port()]
+                 for rank in range(WORLD)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(TIMEOUT_S)
+    hung = [p.pid for p in processes if p.is_alive()]
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+    assert not hung, f"scenario {name!r} hung (no result after {TIMEOUT_S} s): a collective some ranks never reached"
+    failures = []
+    while not errors.empty():
+        failures.append(errors.get())
+    assert not failures, "\n".join(f"rank {rank}:\n{trace}" for rank, trace in failures)
+    assert all(p.exitcode == 0 for p in processes), f"scenario {name!r}: exit codes {[p.exitcode for p in processes]}"
