@@ -22,6 +22,7 @@ could have moved them, and the schedule advances. A step a loss scaler skips is 
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations as objects.
 import numbers
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,9 +33,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from pactrain_hvd.core import CheckpointError, PacTrainConfig, StepStats, TensorStats, should_pack
 from pactrain_hvd.core.config import DEFAULT_VERIFY_EVERY
+from pactrain_hvd.core.lanes import LaneLayout, ternary_layout
+from pactrain_hvd.torch.lanes import decode, encode, stochastic_ternary
 from pactrain_hvd.torch.pruning import Prunable, Pruner, TableExchange, host_masks, select_prunable, zero_stays_zero
+from pactrain_hvd.torch.ternary import ErrorFeedback
 
-PACKED_VALUES = {"fp32": torch.float32, "fp16": torch.float16}
+PACKED_VALUES = ("fp32", "fp16", "ternary")
+_NOISE_SEED = 0xDD9  # ternary rounding noise: drawn per (rank, step, parameter), see _rounding_noise
 
 
 def dist_exchange(group: dist.ProcessGroup | None) -> TableExchange:
@@ -69,6 +74,7 @@ class BucketPlan:
     pruned: torch.Tensor | None
     kept: int
     numel: int
+    segments: tuple[tuple[str, int], ...] = ()  # packed: (parameter name, its surviving count), in buffer order
 
 
 class PacTrainHookState:
@@ -76,8 +82,10 @@ class PacTrainHookState:
 
     Takes the PacTrain arguments of ``pt.DistributedOptimizer`` (``sparsity``, ``begin_step``,
     ``end_step``, ``frequency``, ``prunable``, ``ranking``, ``pack_min_numel``, ``pack_max_density``,
-    ``verify_every``) plus ``process_group`` (DDP's; default: the world) and ``packed_values``
-    (``"fp32"`` or ``"fp16"``: how surviving values travel; dense buckets travel as DDP sends them).
+    ``verify_every``) plus ``process_group`` (DDP's; default: the world) and ``packed_values``:
+    how surviving values travel (dense buckets travel as DDP sends them): ``"fp32"``, ``"fp16"``, or
+    ``"ternary"``, the Horovod frontend's shared-scale stochastic ternary with error feedback in int32
+    lanes (one MAX all-reduce of the bucket's scale, then the codes; fp16 where lanes do not pay).
     """
 
     def __init__(
@@ -113,8 +121,15 @@ class PacTrainHookState:
         self.parameters = {name: p for name, p in module.named_parameters() if id(p) in optimized}
         self._names = {id(p): name for name, p in self.parameters.items()}
         self.process_group = process_group
-        self.packed_dtype = PACKED_VALUES[packed_values]
         self.optimizer = optimizer
+        world_size = dist.get_world_size(process_group)
+        self.lanes: LaneLayout | None = ternary_layout(world_size) if packed_values == "ternary" else None
+        self.packed_dtype = torch.float32 if packed_values == "fp32" else torch.float16  # fp16: ternary's fallback
+        # Per parameter, not per bucket: DDP rebuilds its buckets after the first iteration (and a resumed
+        # run starts from the first buckets again), so only per-parameter memory and noise resume exactly.
+        self.memory = ErrorFeedback()
+        self._rank = dist.get_rank(process_group)
+        self._generators: dict[torch.device, torch.Generator] = {}
         self._pruner = Pruner(self.parameters, select_prunable(self.parameters, prunable), self.config.schedule,
                               self.config.ranking, exchange=dist_exchange(process_group))
         self._checks_masks = bool(self._pruner.prunable_names) and self.config.sparsity > 0
@@ -122,6 +137,7 @@ class PacTrainHookState:
         self._step = 0
         self._sent: set[int] = set()  # indices of the buckets sent in this backward pass
         self._plans: dict[tuple[int, ...], BucketPlan] = {}
+        self._surviving: dict[str, torch.Tensor] = {}  # per parameter, the last plan's: the memory follows it
         self._stats = StepStats()
         self._zero_stays_zero = zero_stays_zero(optimizer)
         self._hooks = [optimizer.register_step_pre_hook(self._before_step),
@@ -141,8 +157,14 @@ class PacTrainHookState:
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"step": self._step, "sparsity": self.config.sparsity,
-                "masks": {name: mask.to(torch.uint8).cpu() for name, mask in self._pruner.masks.items()}}
+        """Masks and schedule position; with ternary values also this rank's error memory (its noise is a
+        function of rank, step and parameter: nothing to save)."""
+        state = {"step": self._step, "sparsity": self.config.sparsity,
+                 "masks": {name: mask.to(torch.uint8).cpu() for name, mask in self._pruner.masks.items()}}
+        if self.lanes is not None:
+            state["ternary"] = {"rank": self._rank,
+                                "residuals": {k: r.detach().cpu().clone() for k, r in self.memory.residuals.items()}}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Masks and schedule position; validated before anything changes. Local: load it on every rank."""
@@ -155,14 +177,26 @@ class PacTrainHookState:
             masks = self._pruner.validate(host_masks(state["masks"], flags=True))
         except (TypeError, ValueError) as error:
             raise CheckpointError(f"checkpoint does not fit this model: {error}") from error
+        ternary = state.get("ternary")
+        if ternary is not None and not (isinstance(ternary, dict) and {"rank", "residuals"} <= set(ternary)):
+            raise CheckpointError("the 'ternary' entry needs 'rank' and 'residuals'")
+        residuals = None
+        if self.lanes is not None and ternary is not None and ternary["rank"] == self._rank:  # this rank's own
+            kept = {name: int(masks[name].sum()) if name in masks else p.numel() for name, p in self.parameters.items()}
+            residuals = self.memory.validate(ternary["residuals"], kept)
         self._step = int(step)
         self._install(masks)
+        if residuals is not None:
+            self.memory.residuals = {name: r.to(self.parameters[name].device) for name, r in residuals.items()}
+            self.memory.pending.clear()
 
     # -- the schedule, around the optimizer's step ---------------------------------------------
     def _install(self, masks: dict[str, np.ndarray]) -> None:
+        """Loaded masks: plans and error memory start from them (no remap from the masks they replace)."""
         self._pruner.install(masks)
         self._pruner.clear_optimizer_state(self.optimizer.state)
         self._plans.clear()
+        self._surviving.clear()
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._verify_if_due()  # a step with no gradient sent (nothing to reduce) still checks when due
@@ -173,6 +207,7 @@ class PacTrainHookState:
             self._pruner.mask_gradients()  # this step's gradients were reduced under the old mask
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.memory.commit()  # the step was taken (a loss scaler that skips it never calls step)
         if not self._zero_stays_zero:
             self._pruner.apply_to_weights()
         self._stats.step = self._step
@@ -202,7 +237,28 @@ class PacTrainHookState:
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self._make_plan(parameters, bucket.buffer().numel())
+            if self.lanes is not None:
+                self._follow_survivors(parameters, plan)
         return plan
+
+    def _follow_survivors(self, parameters: list[torch.Tensor], plan: BucketPlan) -> None:
+        """After a mask change, each parameter's error memory moves to its new surviving coordinates."""
+        for p, name in zip(parameters, plan.names):
+            mask = self._pruner.masks.get(name)
+            surviving = (mask.reshape(-1).nonzero().squeeze(1) if mask is not None
+                         else torch.arange(p.numel(), device=p.device))
+            previous = self._surviving.get(name)
+            if previous is not None and not torch.equal(previous, surviving):
+                self.memory.remap(name, previous, surviving, p.numel())
+            self._surviving[name] = surviving
+
+    def _rounding_noise(self, name: str, count: int, device: torch.device) -> torch.Tensor:
+        """Uniform [0, 1) noise for one parameter's survivors, a function of (rank, step, parameter)."""
+        generator = self._generators.get(device)
+        if generator is None:
+            generator = self._generators[device] = torch.Generator(device=device)
+        generator.manual_seed(zlib.crc32(f"{_NOISE_SEED}:{self._rank}:{self._step}:{name}".encode()))
+        return torch.rand(count, generator=generator, device=device)
 
     def _make_plan(self, parameters: list[torch.Tensor], buffer_numel: int) -> BucketPlan:
         names = tuple(self._names.get(id(p), "") for p in parameters)
@@ -217,14 +273,48 @@ class PacTrainHookState:
                           for p, mask in zip(parameters, masks)])
         kept = int(flat.sum())
         if should_pack(numel, kept, self.config.pack_min_numel, self.config.pack_max_density):
-            return BucketPlan(tuple(id(p) for p in parameters), names, flat.nonzero().squeeze(1), None, kept, numel)
+            segments = tuple((name, int(mask.sum()) if mask is not None else p.numel())
+                             for name, p, mask in zip(names, parameters, masks))
+            return BucketPlan(tuple(id(p) for p in parameters), names, flat.nonzero().squeeze(1), None, kept, numel,
+                              segments)
         return BucketPlan(tuple(id(p) for p in parameters), names, None, ~flat, kept, numel)
 
-    def _record(self, bucket: dist.GradBucket, plan: BucketPlan, wire: torch.Tensor) -> None:
+    def _record(self, bucket: dist.GradBucket, plan: BucketPlan, sent_bytes: int) -> None:
         buffer = bucket.buffer()
         self._stats.tensors[f"bucket{bucket.index()}"] = TensorStats(
             numel=plan.numel, kept=plan.kept, packed=plan.surviving is not None,
-            sent_bytes=wire.numel() * wire.element_size(), dense_bytes=buffer.numel() * buffer.element_size())
+            sent_bytes=sent_bytes, dense_bytes=buffer.numel() * buffer.element_size())
+
+
+def _ternary_allreduce(state: PacTrainHookState, plan: BucketPlan, buffer: torch.Tensor,
+                       group: dist.ProcessGroup) -> torch.futures.Future[torch.Tensor]:
+    """Each parameter's survivors + error memory, one MAX all-reduce of their max |value| (a scale per
+    parameter, as in the Horovod frontend, so nothing depends on how DDP groups parameters into
+    buckets), then their stochastic ternary codes summed in int32 lanes.
+
+    The MAX is waited for here, in the hook: a collective started from a future's callback would race
+    with the next bucket's, and ranks could then issue them in different orders.
+    """
+    names, counts = zip(*plan.segments)
+    parts = [state.memory.add(name, part) for name, part in
+             zip(names, buffer.index_select(0, plan.surviving).float().split(counts))]
+    scales = torch.stack([part.abs().max() if part.numel() else part.new_zeros(()) for part in parts])
+    dist.all_reduce(scales, op=dist.ReduceOp.MAX, group=group)
+    values = torch.cat(parts)
+    per_value = torch.repeat_interleave(scales, torch.tensor(counts, device=scales.device))
+    noise = torch.cat([state._rounding_noise(name, count, values.device) for name, count in plan.segments])
+    ternary = stochastic_ternary(values, per_value, noise)
+    dequantized = ternary.to(values.dtype) * per_value
+    for name, value, sent, scale in zip(names, parts, dequantized.split(counts), scales):
+        state.memory.store(name, value, sent, scale)
+    world_size = group.size()
+
+    def scatter(fut: torch.futures.Future) -> torch.Tensor:
+        averaged = decode(fut.value()[0], state.lanes, values.numel()).float() * per_value / world_size
+        buffer.zero_().index_copy_(0, plan.surviving, averaged.to(buffer.dtype))
+        return buffer
+
+    return dist.all_reduce(encode(ternary, state.lanes), group=group, async_op=True).get_future().then(scatter)
 
 
 def pactrain_hook(state: PacTrainHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -243,11 +333,15 @@ def pactrain_hook(state: PacTrainHookState, bucket: dist.GradBucket) -> torch.fu
     if plan.surviving is None:
         if plan.pruned is not None:
             buffer.masked_fill_(plan.pruned, 0)
-        state._record(bucket, plan, buffer)
+        state._record(bucket, plan, buffer.numel() * buffer.element_size())
         buffer.div_(world_size)  # as DDP's default hook: divide first (fp16 overflow)
         return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(lambda fut: fut.value()[0])
+    if state.lanes is not None:
+        # int32 words and one fp32 scale per parameter
+        state._record(bucket, plan, 4 * (state.lanes.words(plan.kept) + len(plan.segments)))
+        return _ternary_allreduce(state, plan, buffer, group)
     values = buffer.index_select(0, plan.surviving).to(state.packed_dtype).div_(world_size)
-    state._record(bucket, plan, values)
+    state._record(bucket, plan, values.numel() * values.element_size())
 
     def scatter(fut: torch.futures.Future) -> torch.Tensor:
         buffer.zero_().index_copy_(0, plan.surviving, fut.value()[0].to(buffer.dtype))

@@ -169,7 +169,50 @@ def scenario_fp16_values():
     same_on_all_ranks(dict(model.module.named_parameters()))
 
 
+def scenario_ternary_values_and_their_exact_resume():
+    """``packed_values="ternary"``: each survivor's reduced gradient is the mean of the ranks' codes times the
+    shared scale; int32 lane words plus one scale per bucket on the wire; error memory and noise resume exactly."""
+    def make_ternary():
+        torch.manual_seed(0)
+        model = DDP(Net(), bucket_cap_mb=0.02)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        state = pt.ddp.PacTrainHookState(model, opt, sparsity=0.9, begin_step=0, end_step=0, pack_min_numel=0,
+                                         packed_values="ternary")
+        model.register_comm_hook(state, pt.ddp.pactrain_hook)
+        return model, opt, state
+
+    reference, reference_opt, reference_state = make_ternary()
+    for index in range(6):
+        step(reference, reference_opt, index)
+    masks, lanes = reference_state.masks(), reference_state.lanes
+    assert lanes is not None and lanes.lanes == 10  # 2 ranks: 3-bit lanes, 10 per int32 word
+    buckets = reference_state.stats()["tensors"].values()
+    assert all(b["packed"] for b in buckets)
+    scales = len(list(reference.module.parameters()))  # one fp32 scale per parameter
+    assert sum(b["sent_bytes"] for b in buckets) == 4 * sum(lanes.words(b["kept"]) for b in buckets) + 4 * scales
+    grads = {name: p.grad for name, p in reference.module.named_parameters() if name in masks}
+    for name, grad in grads.items():  # mean of 2 ranks' codes in {-1, 0, 1} times a scale: 3 magnitudes
+        levels = torch.unique(grad[masks[name]].abs())
+        assert len(levels) <= 3, f"{name}: {len(levels)} magnitudes, not codes times one scale"
+    assert all(torch.isfinite(r).all() for r in reference_state.memory.residuals.values())
+    same_on_all_ranks(dict(reference.module.named_parameters()))
+
+    model, opt, state = make_ternary()
+    for index in range(3):
+        step(model, opt, index)
+    saved = copy.deepcopy({"model": model.module.state_dict(), "opt": opt.state_dict(), "pactrain": state.state_dict()})
+    model, opt, state = make_ternary()
+    model.module.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    state.load_state_dict(saved["pactrain"])
+    for index in range(3, 6):
+        step(model, opt, index)
+    for (name, a), b in zip(model.module.named_parameters(), reference.module.parameters()):
+        assert torch.equal(a, b), f"{name} differs from the uninterrupted ternary run"
+
+
 SCENARIOS = {
+    "ternary_values": (scenario_ternary_values_and_their_exact_resume, ()),
     "fp16_values": (scenario_fp16_values, ()),
     "sparsity_zero": (scenario_sparsity_zero_is_ddps_allreduce, ()),
     "pruned_bucket_view": (scenario_pruned, (True, False, False)),
