@@ -223,18 +223,23 @@ SCENARIOS = {
 }
 
 
-def _worker(rank: int, name: str, port: int, errors) -> None:
+def _worker(rank: int, name: str, port: int, results) -> None:
+    """Run one scenario; report ``(rank, None)`` or ``(rank, traceback)``, then leave without the
+    interpreter's teardown (Gloo's threads sometimes abort there, after everything was checked)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    outcome = None
     try:
         function, args = SCENARIOS[name]
         function(*args)
         dist.barrier()  # no rank tears the group down while another still talks to it
     except BaseException:  # noqa: BLE001 - reported to the parent, which fails the test
-        errors.put((rank, traceback.format_exc()))
-    finally:
-        dist.destroy_process_group()
+        outcome = traceback.format_exc()
+    results.put((rank, outcome))
+    results.close()
+    results.join_thread()
+    os._exit(0)
 
 
 def _free_port() -> int:
@@ -246,9 +251,9 @@ def _free_port() -> int:
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_ddp_hook(name):
     context = mp.get_context("spawn")
-    errors = context.Queue()
-    processes = [context.Process(target=_worker, args=(rank, name, port, errors)) for port in [_free_port()]
-                 for rank in range(WORLD)]
+    results = context.Queue()
+    port = _free_port()
+    processes = [context.Process(target=_worker, args=(rank, name, port, results)) for rank in range(WORLD)]
     for process in processes:
         process.start()
     for process in processes:
@@ -258,8 +263,11 @@ def test_ddp_hook(name):
         if process.is_alive():
             process.kill()
     assert not hung, f"scenario {name!r} hung (no result after {TIMEOUT_S} s): a collective some ranks never reached"
-    failures = []
-    while not errors.empty():
-        failures.append(errors.get())
-    assert not failures, "\n".join(f"rank {rank}:\n{trace}" for rank, trace in failures)
-    assert all(p.exitcode == 0 for p in processes), f"scenario {name!r}: exit codes {[p.exitcode for p in processes]}"
+    reported = {}
+    while not results.empty():
+        rank, outcome = results.get()
+        reported[rank] = outcome
+    failures = {rank: trace for rank, trace in reported.items() if trace is not None}
+    assert not failures, "\n".join(f"rank {rank}:\n{trace}" for rank, trace in failures.items())
+    assert sorted(reported) == list(range(WORLD)), f"scenario {name!r}: ranks {sorted(reported)} reported, exit codes " \
+                                                   f"{[p.exitcode for p in processes]}"
