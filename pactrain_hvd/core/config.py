@@ -58,6 +58,14 @@ class PacTrainConfig:
             raise ValueError(f"verify_every must be >= 0 (0: only at mask changes), got {self.verify_every!r}")
         _ = self.schedule  # validates begin_step, end_step, frequency
 
+    @classmethod
+    def from_arguments(cls, pack_min_numel: int | None = None, pack_max_density: float | None = None,
+                       **settings: Any) -> PacTrainConfig:
+        """The frontends' arguments, where ``None`` for a plan threshold means its default."""
+        plan = {k: v for k, v in (("pack_min_numel", pack_min_numel), ("pack_max_density", pack_max_density))
+                if v is not None}
+        return cls(**settings, **plan)
+
     @property
     def schedule(self) -> PolynomialSchedule:
         return PolynomialSchedule(

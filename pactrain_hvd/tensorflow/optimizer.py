@@ -105,11 +105,10 @@ def _checked_arguments(*, compression: Any, op: Any, gradient_predivide_factor: 
                        **_unchecked: Any) -> tuple[PacTrainConfig, PendingMasks | None]:
     """``PacTrainState``'s arguments checked, before anything is created or communicated: its config and
     given masks."""
-    plan_overrides = {k: v for k, v in (("pack_min_numel", pack_min_numel), ("pack_max_density", pack_max_density))
-                      if v is not None}
-    config = PacTrainConfig(
+    config = PacTrainConfig.from_arguments(
         sparsity=schedule_sparsity(sparsity, masks is not None, continue_pruning), begin_step=begin_step,
-        end_step=end_step, frequency=frequency, ranking=ranking, verify_every=verify_every, **plan_overrides,
+        end_step=end_step, frequency=frequency, ranking=ranking, verify_every=verify_every,
+        pack_min_numel=pack_min_numel, pack_max_density=pack_max_density,
     )
     own_masks = PendingMasks(masks) if masks is not None else None
     if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):

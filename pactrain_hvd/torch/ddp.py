@@ -104,10 +104,9 @@ class PacTrainHookState:
         process_group: dist.ProcessGroup | None = None,
         packed_values: str = "fp32",
     ) -> None:
-        plan_overrides = {k: v for k, v in (("pack_min_numel", pack_min_numel), ("pack_max_density", pack_max_density))
-                          if v is not None}
-        self.config = PacTrainConfig(sparsity=sparsity, begin_step=begin_step, end_step=end_step, frequency=frequency,
-                                     ranking=ranking, verify_every=verify_every, **plan_overrides)
+        self.config = PacTrainConfig.from_arguments(
+            sparsity=sparsity, begin_step=begin_step, end_step=end_step, frequency=frequency, ranking=ranking,
+            verify_every=verify_every, pack_min_numel=pack_min_numel, pack_max_density=pack_max_density)
         if packed_values not in PACKED_VALUES:
             raise ValueError(f"packed_values must be one of {', '.join(map(repr, PACKED_VALUES))}, got {packed_values!r}")
         if not isinstance(optimizer, torch.optim.Optimizer):

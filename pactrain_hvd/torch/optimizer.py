@@ -165,10 +165,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             warnings.warn("num_groups has been replaced by groups (as in Horovod)", DeprecationWarning, stacklevel=2)
             groups = num_groups if groups is None else groups
         parameters = _named_parameters(optimizer, named_parameters)
-        plan_overrides = {k: v for k, v in (("pack_min_numel", pack_min_numel), ("pack_max_density", pack_max_density)) if v is not None}
-        self.config = PacTrainConfig(
+        self.config = PacTrainConfig.from_arguments(
             sparsity=schedule_sparsity(sparsity, masks is not None, continue_pruning), begin_step=begin_step,
-            end_step=end_step, frequency=frequency, ranking=ranking, verify_every=verify_every, **plan_overrides,
+            end_step=end_step, frequency=frequency, ranking=ranking, verify_every=verify_every,
+            pack_min_numel=pack_min_numel, pack_max_density=pack_max_density,
         )
         if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) or backward_passes_per_step <= 0:
             raise ValueError(f"backward_passes_per_step must be an int > 0, got {backward_passes_per_step!r}")

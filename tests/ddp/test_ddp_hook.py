@@ -126,23 +126,29 @@ def scenario_masks_that_differ_are_one_error_everywhere():
         assert torch.equal(p, weights[name]), f"{name} was updated with masks that differ"
 
 
-def scenario_exact_resume():
-    reference, reference_opt, reference_state = make()
-    for index in range(6):
+def assert_resume_is_exact(make_run, steps: int = 6) -> None:
+    """``steps`` steps without a stop against half of them, a checkpoint, a fresh model, DDP, optimizer and
+    state loading it on every rank, and the other half: bitwise the same weights and schedule position."""
+    reference, reference_opt, reference_state = make_run()
+    for index in range(steps):
         step(reference, reference_opt, index)
-    model, opt, state = make()
-    for index in range(3):
+    model, opt, state = make_run()
+    for index in range(steps // 2):
         step(model, opt, index)
     saved = copy.deepcopy({"model": model.module.state_dict(), "opt": opt.state_dict(), "pactrain": state.state_dict()})
-    model, opt, state = make()
+    model, opt, state = make_run()
     model.module.load_state_dict(saved["model"])
     opt.load_state_dict(saved["opt"])
     state.load_state_dict(saved["pactrain"])
-    for index in range(3, 6):
+    for index in range(steps // 2, steps):
         step(model, opt, index)
-    assert state.step_count == reference_state.step_count == 6
+    assert state.step_count == reference_state.step_count == steps
     for (name, a), b in zip(model.module.named_parameters(), reference.module.parameters()):
         assert torch.equal(a, b), f"{name} differs from the uninterrupted run"
+
+
+def scenario_exact_resume():
+    assert_resume_is_exact(make)
 
 
 def scenario_fp16_values():
@@ -197,18 +203,7 @@ def scenario_ternary_values_and_their_exact_resume():
     assert all(torch.isfinite(r).all() for r in reference_state.memory.residuals.values())
     same_on_all_ranks(dict(reference.module.named_parameters()))
 
-    model, opt, state = make_ternary()
-    for index in range(3):
-        step(model, opt, index)
-    saved = copy.deepcopy({"model": model.module.state_dict(), "opt": opt.state_dict(), "pactrain": state.state_dict()})
-    model, opt, state = make_ternary()
-    model.module.load_state_dict(saved["model"])
-    opt.load_state_dict(saved["opt"])
-    state.load_state_dict(saved["pactrain"])
-    for index in range(3, 6):
-        step(model, opt, index)
-    for (name, a), b in zip(model.module.named_parameters(), reference.module.parameters()):
-        assert torch.equal(a, b), f"{name} differs from the uninterrupted ternary run"
+    assert_resume_is_exact(make_ternary)
 
 
 SCENARIOS = {
