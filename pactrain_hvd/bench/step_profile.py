@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from pactrain_hvd.bench.baselines import PowerSGDCompressor, ResidualMemory, TopKCompressor
+from pactrain_hvd.bench.micro_pack import median_seconds
 from pactrain_hvd.bench.models import BasicBlock, build, loss_fn, synthetic_batch
 from pactrain_hvd.core.plan import DEFAULT_MIN_NUMEL
 
@@ -62,16 +63,6 @@ def gradient_ready_profile(model_name: str, batch_size: int, steps: int = 3, war
             "tensors": tensors}
 
 
-def _median_s(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def topk_costs(model_name: str, density: float = 0.01, repeats: int = 5) -> dict:
     """Top-k's selection (per step, in hooks), its dense zeroing, and one worker's ``index_add``."""
     compressor, memory = TopKCompressor(density), ResidualMemory()
@@ -93,8 +84,8 @@ def topk_costs(model_name: str, density: float = 0.01, repeats: int = 5) -> dict
         for name, (values, indices) in picked.items():
             outs[name].index_add_(0, indices.long(), values)
 
-    return {"select_s": _median_s(select, repeats), "zero_s": _median_s(zero, repeats),
-            "scatter_per_worker_s": _median_s(scatter_one_worker, repeats)}
+    return {"select_s": median_seconds(select, repeats), "zero_s": median_seconds(zero, repeats),
+            "scatter_per_worker_s": median_seconds(scatter_one_worker, repeats)}
 
 
 def powersgd_costs(model_name: str, rank: int = 4, repeats: int = 5) -> dict:
@@ -128,8 +119,8 @@ def powersgd_costs(model_name: str, rank: int = 4, repeats: int = 5) -> dict:
 
     project_p()
     project_q()
-    return {"project_p_s": _median_s(project_p, repeats), "project_q_s": _median_s(project_q, repeats),
-            "reconstruct_s": _median_s(reconstruct, repeats)}
+    return {"project_p_s": median_seconds(project_p, repeats), "project_q_s": median_seconds(project_q, repeats),
+            "reconstruct_s": median_seconds(reconstruct, repeats)}
 
 
 class ImageNetResNet18(nn.Module):
@@ -169,4 +160,4 @@ def training_flops_per_sample(model_name: str, batch_size: int = 2) -> float:
 def copy_bytes_per_s(nbytes: int = 64 * 1024 * 1024, repeats: int = 5) -> float:
     """One pass of a large buffer copy, bytes per second."""
     source, target = torch.randn(nbytes // 4), torch.empty(nbytes // 4)
-    return nbytes / _median_s(lambda: target.copy_(source), repeats)
+    return nbytes / median_seconds(lambda: target.copy_(source), repeats)
