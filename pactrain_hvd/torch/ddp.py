@@ -68,8 +68,7 @@ def dist_exchange(group: dist.ProcessGroup | None) -> TableExchange:
 class BucketPlan:
     """How one bucket travels: ``surviving`` flat positions (packed), or whole with ``pruned`` zeroed."""
 
-    parameters: tuple[int, ...]  # ids of the bucket's parameters, in buffer order: DDP may rebuild buckets
-    names: tuple[str, ...]
+    names: tuple[str, ...]  # the bucket's parameters, in buffer order
     surviving: torch.Tensor | None
     pruned: torch.Tensor | None
     kept: int
@@ -135,7 +134,7 @@ class PacTrainHookState:
         self._verify_pending = self._checks_masks  # every rank's first step: a local load is caught there
         self._step = 0
         self._sent: set[int] = set()  # indices of the buckets sent in this backward pass
-        self._plans: dict[tuple[int, ...], BucketPlan] = {}
+        self._plans: dict[tuple[int, ...], BucketPlan] = {}  # by the ids of a bucket's parameters: DDP rebuilds buckets
         self._surviving: dict[str, torch.Tensor] = {}  # per parameter, the last plan's: the memory follows it
         self._stats = StepStats()
         self._zero_stays_zero = zero_stays_zero(optimizer)
@@ -267,16 +266,15 @@ class PacTrainHookState:
         masks = [self._pruner.masks.get(name) for name in names]
         numel = buffer_numel
         if all(mask is None for mask in masks):
-            return BucketPlan(tuple(id(p) for p in parameters), names, None, None, numel, numel)
+            return BucketPlan(names, None, None, numel, numel)
         flat = torch.cat([(mask if mask is not None else torch.ones_like(p, dtype=torch.bool)).reshape(-1)
                           for p, mask in zip(parameters, masks)])
         kept = int(flat.sum())
         if should_pack(numel, kept, self.config.pack_min_numel, self.config.pack_max_density):
             segments = tuple((name, int(mask.sum()) if mask is not None else p.numel())
                              for name, p, mask in zip(names, parameters, masks))
-            return BucketPlan(tuple(id(p) for p in parameters), names, flat.nonzero().squeeze(1), None, kept, numel,
-                              segments)
-        return BucketPlan(tuple(id(p) for p in parameters), names, None, ~flat, kept, numel)
+            return BucketPlan(names, flat.nonzero().squeeze(1), None, kept, numel, segments)
+        return BucketPlan(names, None, ~flat, kept, numel)
 
     def _record(self, bucket: dist.GradBucket, plan: BucketPlan, sent_bytes: int) -> None:
         buffer = bucket.buffer()
