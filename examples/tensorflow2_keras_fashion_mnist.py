@@ -1,7 +1,7 @@
 """Fashion-MNIST with Keras 3, Horovod and PacTrain.
 
 Horovod's ``examples/tensorflow2/tensorflow2_keras_mnist.py`` on Fashion-MNIST, written for
-Keras 3 (TF 2.16's default). The PacTrain change is the optimizer line; the callbacks come from
+Keras 3 (TF's default since 2.16). The PacTrain change is the optimizer line; the callbacks come from
 ``pactrain_hvd.tensorflow.keras.callbacks`` because Horovod's fail on Keras 3 variables. Run::
 
     horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python examples/tensorflow2_keras_fashion_mnist.py

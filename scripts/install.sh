@@ -10,11 +10,22 @@ PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-$REPO_ROOT/.venv}"
 HOROVOD_VERSION="${HOROVOD_VERSION:-0.28.1}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
-TF_VERSION="${TF_VERSION:-2.16.2}"
+TF_VERSION="${TF_VERSION:-2.21.0}"
 TF_KERAS_SPEC="${TF_KERAS_SPEC:-tf-keras~=${TF_VERSION%.*}.0}"
-# tfmot (bring your own mask from prune_low_magnitude; tf-keras 2 only). 0.8.0 pins absl-py<2 and
-# needs dm-tree; it runs on TF 2.16 + tf-keras 2.16. 0.8.1 adds scipy and mock for nothing we use.
-TFMOT_VERSION="${TFMOT_VERSION:-0.8.0}"
+
+# True when dotted version $1 >= $2.
+version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
+
+# TF < 2.18 is built against the numpy 1 ABI; 2.18 and later take numpy 2.
+# tfmot (bring your own mask from prune_low_magnitude; tf-keras 2 only): 0.8.0 pins absl-py<2,
+# which TF 2.16 accepts; 0.8.1 (absl-py 2, plus scipy and mock for nothing we use) runs on 2.21.
+if version_ge "$TF_VERSION" 2.18; then
+  NUMPY_SPEC="${NUMPY_SPEC:-numpy>=2}"
+  TFMOT_VERSION="${TFMOT_VERSION:-0.8.1}"
+else
+  NUMPY_SPEC="${NUMPY_SPEC:-numpy<2}"
+  TFMOT_VERSION="${TFMOT_VERSION:-0.8.0}"
+fi
 CACHE_DIR="${PACTRAIN_CACHE:-$HOME/.cache/pactrain_hvd}"
 APT_PACKAGES=(openmpi-bin libopenmpi-dev build-essential cmake git iproute2 dataset-fashion-mnist)
 
@@ -47,8 +58,7 @@ create_venv() {
 pip_install() { "$VENV/bin/pip" install -q --disable-pip-version-check "$@"; }
 
 install_frameworks() {
-  # numpy<2: TF 2.16 is built against the numpy 1 ABI.
-  local requirements=("torch==$TORCH_VERSION" "tensorflow-cpu==$TF_VERSION" "$TF_KERAS_SPEC" "numpy<2"
+  local requirements=("torch==$TORCH_VERSION" "tensorflow-cpu==$TF_VERSION" "$TF_KERAS_SPEC" "$NUMPY_SPEC"
                       "tensorflow-model-optimization==$TFMOT_VERSION" mpi4py cloudpickle psutil pyyaml packaging)
   local stamp="$VENV/.pactrain-frameworks"
   if [ "$(cat "$stamp" 2>/dev/null)" = "${requirements[*]}" ] && "$VENV/bin/python" -c "import torch, tensorflow" 2>/dev/null; then
@@ -65,24 +75,43 @@ install_package() {
   pip_install -e "$REPO_ROOT[dev]"
 }
 
-# Horovod 0.28.1 builds its C++ as C++14, but torch >= 2.1 headers need C++17
-# ("'optional' in namespace 'std' does not name a template type"). Raise the
-# standard in the two CMakeLists that pin it. Guarded: only the versions known
-# to need it are touched, and the patch must apply or the build stops.
+# Replace fixed string $2 by $3 in file $1; stop the install if $2 is not there.
+patch_file() {
+  local file="$1" old="$2" new="$3"
+  grep -qF -- "$old" "$file" || { echo "install: Horovod patch failed: '$old' not in $file" >&2; exit 1; }
+  OLD="$old" NEW="$new" "$VENV/bin/python" - "$file" <<'PY'
+import os, sys
+path = sys.argv[1]
+text = open(path).read()
+open(path, "w").write(text.replace(os.environ["OLD"], os.environ["NEW"]))
+PY
+  log "patched ${file#"$HOROVOD_SRC"/}: $old -> $new"
+}
+
+# Horovod 0.28.1 is older than the frameworks it is built against here. Each patch is guarded by
+# the versions known to need it and must apply, or the build stops (README: "Supported versions").
 patch_horovod_source() {
-  local src="$1"
-  case "$HOROVOD_VERSION" in
-    0.28.*)
-      local f
-      for f in "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"; do
-        if grep -q 'set(CMAKE_CXX_STANDARD 14)' "$f"; then
-          sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$f"
-          log "patched C++14 -> C++17 in ${f#"$src"/}"
-        fi
-        grep -q 'set(CMAKE_CXX_STANDARD 17)' "$f" || { echo "C++17 patch failed on $f" >&2; exit 1; }
-      done
-      ;;
-  esac
+  HOROVOD_SRC="$1"
+  case "$HOROVOD_VERSION" in 0.28.*) ;; *) return ;; esac
+  # torch >= 2.1 headers need C++17 ("'optional' in namespace 'std' does not name a template type").
+  local f
+  for f in "$HOROVOD_SRC/CMakeLists.txt" "$HOROVOD_SRC/horovod/torch/CMakeLists.txt"; do
+    patch_file "$f" 'set(CMAKE_CXX_STANDARD 14)' 'set(CMAKE_CXX_STANDARD 17)'
+  done
+  local xla="$HOROVOD_SRC/horovod/tensorflow/xla_mpi_ops.cc"
+  local tf_cmake="$HOROVOD_SRC/horovod/tensorflow/CMakeLists.txt"
+  if version_ge "$TF_VERSION" 2.19; then
+    # TF 2.19 moved XLA's builder header and dropped xla::StatusOr for absl::StatusOr
+    # (upstream: horovod PRs #4302, #4063, both unmerged).
+    patch_file "$xla" 'tensorflow/compiler/xla/client/xla_builder.h' 'tensorflow/compiler/xla/hlo/builder/xla_builder.h'
+    patch_file "$xla" '::xla::StatusOr<' '::absl::StatusOr<'
+  fi
+  if version_ge "$TF_VERSION" 2.21; then
+    # TF 2.21's XLA headers include highwayhash and farmhash, which the wheel ships under
+    # include/external/ but off the include path that tf.sysconfig reports (no upstream fix yet).
+    patch_file "$tf_cmake" 'include_directories(SYSTEM ${Tensorflow_INCLUDE_DIRS})' \
+      'include_directories(SYSTEM ${Tensorflow_INCLUDE_DIRS} ${Tensorflow_INCLUDE_DIRS}/external/highwayhash ${Tensorflow_INCLUDE_DIRS}/external/farmhash_archive/src)'
+  fi
 }
 
 horovod_wheel_dir() {
