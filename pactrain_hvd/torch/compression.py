@@ -16,7 +16,7 @@ _WIRE_DTYPE = {torch.bfloat16: torch.float32}
 
 
 class TernaryContext(NamedTuple):
-    scale: torch.Tensor  # agreed across ranks (MAX), fp32 scalar
+    scale: torch.Tensor  # the same on every rank (a MAX over ranks), fp32 scalar
     count: int  # values in the words
     divisor: float  # world size for an average, 1 for a sum
 

@@ -302,8 +302,8 @@ def _ternary_allreduce(state: PacTrainHookState, plan: BucketPlan, buffer: torch
     noise = torch.cat([state._rounding_noise(name, count, values.device) for name, count in plan.segments])
     ternary = stochastic_ternary(values, per_value, noise)
     dequantized = ternary.to(values.dtype) * per_value
-    for name, value, sent, scale in zip(names, parts, dequantized.split(counts), scales):
-        state.memory.store(name, value, sent, scale)
+    for name, value, sent in zip(names, parts, dequantized.split(counts)):
+        state.memory.store(name, value, sent)
     world_size = group.size()
 
     def scatter(fut: torch.futures.Future) -> torch.Tensor:

@@ -40,7 +40,7 @@ from pactrain_hvd.core.own_masks import schedule_sparsity
 from pactrain_hvd.torch.compression import PacTrainCompressor
 from pactrain_hvd.torch.own_masks import resolve_masks, sync_prune_buffers, warn_if_torch_pruned
 from pactrain_hvd.torch.pruning import Prunable, Pruner, host_masks, select_prunable, zero_stays_zero
-from pactrain_hvd.torch.ternary import TernaryReduction
+from pactrain_hvd.torch.ternary import TernaryReduction, TernarySend
 
 _SUPPORTED_OPS = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Min: "Min", hvd.Max: "Max"}
 _OTHER_OPS = {hvd.Adasum: "Adasum", hvd.Product: "Product"}
@@ -48,7 +48,7 @@ _OTHER_OPS = {hvd.Adasum: "Adasum", hvd.Product: "Product"}
 # complex gradients it rejects mid-step ("Tensor type torch.ComplexFloatTensor is not supported").
 _REDUCIBLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # PacTrain's entries in a prunable parameter's optimizer state (see DistributedOptimizer.state_dict)
-_MASK_KEY, _STEP_KEY = "pactrain.mask", "pactrain.step"
+_MASK_KEY, _STEP_KEY, _SCALES_KEY = "pactrain.mask", "pactrain.step", "pactrain.scales"
 
 
 def _require_initialized() -> None:
@@ -349,6 +349,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         masks = {name: (self._pruner.masks[name].to(torch.uint8).cpu() if name in self._pruner.masks
                         else torch.ones(self._parameters[name].shape, dtype=torch.uint8)) for name in names}
         self._exported = {"step": torch.tensor([self._step], dtype=torch.int64), "masks": masks}
+        if self._ternary is not None:  # and its snapshot: only a change made by a broadcast is adopted
+            scales = self._ternary.scale_vector(list(self._parameters))
+            self._exported.update(scales=scales, scales_as_exported=scales.clone())
         return self._exported
 
     def _adopt_exported(self) -> None:
@@ -357,6 +360,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         exported, self._exported = self._exported, None
         if exported is None:
             return
+        if "scales" in exported and not torch.equal(exported["scales"].nan_to_num(-1),
+                                                    exported["scales_as_exported"].nan_to_num(-1)):
+            self._hold_scales(exported["scales"])
         step = int(exported["step"][0])
         masks = host_masks(exported["masks"], flags=True)
         held = {name: mask.cpu().numpy() for name, mask in self._pruner.masks.items()}
@@ -365,6 +371,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return
         self._step = step
         self._install_masks(self._pruner.validate(masks), zero_weights=False)
+
+    def _hold_scales(self, vector: torch.Tensor) -> None:
+        """Ternary scales by parameter, in name order (the same on every rank); NaN: none held."""
+        self._ternary.hold_scales(list(self._parameters), vector,
+                                  {name: p.device for name, p in self._parameters.items()})
 
     def _is_state_initialisation(self) -> bool:
         """``hvd.broadcast_optimizer_state`` on a rank whose optimizer has no state sets every gradient to
@@ -405,14 +416,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._ternary.memory.remap(name, previous[p].surviving_indices,
                                            self._compressors[p].surviving_indices if lanes else None, p.numel())
 
-    def _record(self, p: torch.Tensor, wire: torch.Tensor, extra_bytes: int = 0) -> None:
+    def _record(self, p: torch.Tensor, sent_bytes: int) -> None:
         compressor = self._compressors[p]
         numel = p.numel()
         self._stats.tensors[self._names[p]] = TensorStats(
             numel=numel,
             kept=numel if compressor.kept is None else compressor.kept,
             packed=compressor.packed,
-            sent_bytes=wire.numel() * wire.element_size() + extra_bytes,
+            sent_bytes=sent_bytes,
             dense_bytes=numel * p.element_size(),
         )
 
@@ -437,7 +448,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _compress(self, p: torch.Tensor) -> tuple[torch.Tensor, Any]:
         wire, ctx = self._compressors[p].compress(self._local_grad(p))
-        self._record(p, wire)
+        self._record(p, wire.numel() * wire.element_size())
         return wire, ctx
 
     def _local_grad(self, p: torch.Tensor) -> torch.Tensor:
@@ -473,14 +484,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if compressor.lanes is not None:
                 compressor.lanes = layout
 
-    def _ternary_allreduce_async(self, params: list[torch.Tensor]) -> dict[torch.Tensor, tuple[Any, Any]]:
-        """Start the ternary tensors' all-reduces, after one MAX all-reduce of their scales (blocking)."""
+    def _ternary_start(self, p: torch.Tensor) -> tuple[TernarySend, None]:
+        """Launch ``p``'s ternary all-reduce (see ``TernaryReduction``): from the hook, no blocking collective."""
         self._follow_world_size()
-        tensors = [(self._names[p], self._local_grad(p), self._compressors[p]) for p in params]
-        launched = self._ternary.allreduce_async(tensors, average=self.op == hvd.Average)
-        for p, (_, _, words) in zip(params, launched):
-            self._record(p, words, extra_bytes=SCALE_BYTES)
-        return {p: (handle, ctx) for p, (handle, ctx, _) in zip(params, launched)}
+        send = self._ternary.start(self._names[p], self._local_grad(p), self._compressors[p],
+                                   average=self.op == hvd.Average)
+        self._record(p, 4 * self._ternary.layout.words(send.values.numel()) + SCALE_BYTES)  # int32 words + the MAX
+        return send, None
 
     def _scale_factors(self) -> dict[str, float]:
         """Split the average like Horovod: the C++ side applies the extra 1/size."""
@@ -491,6 +501,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _allreduce_grad_async(self, p: torch.Tensor) -> tuple[Any, Any]:
         if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense and self._compressors[p].mask is None:
             return self._sparse_allreduce_grad_async(p)
+        if self._compressors[p].lanes is not None:
+            return self._ternary_start(p)
         wire, ctx = self._compress(p)
         handle = allreduce_async_(wire, name=self._names[p], op=self.op, process_set=self.process_set,
                                   **self._scale_factors())
@@ -515,14 +527,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return handle, ctxs
 
     def _on_gradient_ready(self, p: torch.Tensor) -> None:
-        deferred = self._compressors[p].lanes is not None  # ternary: sent in synchronize(), see TernaryReduction
-        if p in self._handles and (self._handles[p][0] is not None or deferred) and self._delay[p] <= 0:
+        if p in self._handles and self._handles[p][0] is not None and self._delay[p] <= 0:
             raise AssertionError("Gradients were computed more than backward_passes_per_step times before call to step(). "
                                  "Increase backward_passes_per_step to accumulate gradients locally.")
         self._delay[p] -= 1
         handle, ctx = None, None
-        if self._delay[p] == 0 and not deferred:
-            if self._groups is not None:
+        if self._delay[p] == 0:
+            if self._groups is not None and self._compressors[p].lanes is None:  # ternary goes alone
                 group = self._groups[p]
                 self._group_counts[group] += 1
                 if self._group_counts[group] == len(group):
@@ -544,15 +555,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         started: set[torch.Tensor] = set()
         for key in self._handles:
             started.update(key) if isinstance(key, tuple) else started.add(key)
-        ternary = [p for p in self._parameters.values() if p in self._requires_update and self._compressors[p].lanes]
-        deferred = set(ternary)
-        for p in self._requires_update - started - deferred:
+        missing = self._requires_update - started
+        for p in [p for p in self._parameters.values() if p in missing]:  # in name order, the same on every rank
             self._handles[p] = self._allreduce_grad_async(p)
         for p, (handle, _) in list(self._handles.items()):
-            if handle is None and p not in deferred:
+            if handle is None:
                 self._handles[p] = self._allreduce_grad_async(p)
-        if ternary:
-            self._handles.update(self._ternary_allreduce_async(ternary))
         for key, (handle, ctx) in self._handles.items():
             if isinstance(key, tuple):
                 for p, output, p_ctx in zip(key, synchronize(handle), ctx):
@@ -563,8 +571,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._delay[key] = self.backward_passes_per_step
                 if self._groups is not None:
                     self._group_counts[self._groups[key]] = 0
-                self._write_back(key, handle() if callable(handle)  # a sparse allgather
-                                 else self._compressors[key].decompress(synchronize(handle), ctx))
+                if isinstance(handle, TernarySend):
+                    reduced = self._ternary.finish(handle)
+                elif callable(handle):  # a sparse allgather
+                    reduced = handle()
+                else:
+                    reduced = self._compressors[key].decompress(synchronize(handle), ctx)
+                self._write_back(key, reduced)
         self._handles.clear()
         self._stats.step = self._step
         self._synchronized = True
@@ -630,7 +643,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The wrapped optimizer's state dict plus ``"pactrain"``: schedule position and masks, and
-        with ``values="ternary"`` this rank's error memory and rounding noise (``"ternary"``).
+        with ``values="ternary"`` this rank's error memory and rounding noise (``"ternary"``) and the
+        held scales, the same on every rank (``"ternary_scales"``, also ``"pactrain.scales"`` in the first
+        parameter's entry, so that Horovod's broadcast carries them).
 
         Where the wrapped optimizer has state, each prunable parameter's entry also holds its mask
         (``"pactrain.mask"``, the same uint8 tensor as in ``["pactrain"]["masks"]``: Horovod broadcasts no
@@ -650,12 +665,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._tracking and state["state"]:  # Horovod initialises an empty state first; then the keys match
             index = {id(p): i for i, p in enumerate(p for group in self.param_groups for p in group["params"])}
             additions = {0: {_STEP_KEY: exported["step"]}}
+            if "scales" in exported:
+                additions[0][_SCALES_KEY] = exported["scales"]
             for name, flags in exported["masks"].items():
                 additions.setdefault(index[id(self._parameters[name])], {})[_MASK_KEY] = flags
             for pid, entries in additions.items():  # new dicts: the wrapped optimizer's own stay as they are
                 state["state"][pid] = {**state["state"].get(pid, {}), **entries}
         if self._ternary is not None:
             state["pactrain"]["ternary"] = self._ternary.state_dict()
+            state["pactrain"]["ternary_scales"] = exported["scales"]
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -668,7 +686,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         state_dict = dict(state_dict)
         pactrain = state_dict.pop("pactrain", None)
         if isinstance(state_dict.get("state"), dict):
-            state_dict["state"] = {pid: {k: v for k, v in entry.items() if k not in (_MASK_KEY, _STEP_KEY)}
+            state_dict["state"] = {pid: {k: v for k, v in entry.items() if k not in (_MASK_KEY, _STEP_KEY, _SCALES_KEY)}
                                    if isinstance(entry, dict) else entry for pid, entry in state_dict["state"].items()}
         masks = None
         if pactrain is not None:
@@ -685,6 +703,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if current is not None:
                 check_saved_world_size(pactrain.get("world_size"), current)
             ternary = self._saved_ternary(pactrain.get("ternary"), masks)
+            scales = pactrain.get("ternary_scales") if self._ternary is not None else None
+            if scales is not None and (not isinstance(scales, torch.Tensor) or scales.shape != (len(self._parameters),)):
+                raise CheckpointError(f"checkpoint 'ternary_scales' must be a tensor of {len(self._parameters)} "
+                                      "values, one per parameter")
         self._handles = {}
         self._synchronized = False
         self._should_synchronize = True
@@ -695,6 +717,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if masks is not None:
             self._step = int(step)
             self._install_masks(masks)
+            if self._ternary is not None:  # the same on every rank: whichever rank's checkpoint it is
+                self._hold_scales(scales if scales is not None else torch.full((len(self._parameters),), float("nan")))
             if ternary is not None:
                 self._ternary.noise.load_state_dict(ternary["noise"])
                 devices = {name: p.device for name, p in self._parameters.items()}
@@ -715,15 +739,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
 
 def broadcast_masks(optimizer: DistributedOptimizer, root_rank: int = 0) -> None:
-    """Give every rank ``root_rank``'s masks and schedule position (start and resume).
+    """Give every rank ``root_rank``'s masks, schedule position and held ternary scales (start and resume).
 
     Use next to ``hvd.broadcast_parameters`` and ``hvd.broadcast_optimizer_state``.
     """
     if not isinstance(optimizer, DistributedOptimizer):
         raise TypeError(f"broadcast_masks needs a pactrain_hvd.torch.DistributedOptimizer, got {type(optimizer).__name__}")
     pruner, process_set = optimizer._pruner, optimizer.process_set
-    header = hvd.broadcast_object({"step": optimizer._step, "masked": sorted(pruner.masks)}, root_rank,
-                                  name="pactrain.masks_header", process_set=process_set)
+    ternary = optimizer._ternary
+    scales = ternary.scale_vector(list(optimizer._parameters)) if ternary is not None else None
+    header = hvd.broadcast_object({"step": optimizer._step, "masked": sorted(pruner.masks), "scales": scales},
+                                  root_rank, name="pactrain.masks_header", process_set=process_set)
     masks = {}
     for name in header["masked"]:
         param = pruner.parameters[name]
@@ -733,6 +759,8 @@ def broadcast_masks(optimizer: DistributedOptimizer, root_rank: int = 0) -> None
         masks[name] = flags.numpy().astype(np.bool_)
     optimizer._step = int(header["step"])
     optimizer._install_masks(masks)
+    if ternary is not None:
+        optimizer._hold_scales(header["scales"])
     optimizer._verify_now()
 
 

@@ -1,18 +1,24 @@
 """Ternary values for packed tensors: what each rank remembers between steps, and how they travel.
 
 GRACE's split: ``PacTrainCompressor.compress_ternary`` decides what to send, ``ErrorFeedback`` is the
-memory, ``TernaryReduction`` moves it: one MAX all-reduce agrees every tensor's scale, then each
-tensor's lane-packed int32 words go through an ordinary SUM all-reduce (fused by Horovod). It runs
-in ``synchronize()``, once every gradient is ready, so no rank blocks inside a backward hook.
+memory, ``TernaryReduction`` moves it. Each tensor's codes are rounded at a scale every rank already
+holds: the MAX over ranks of the previous step's ``|values|`` (identical everywhere, since it came from
+a collective). So the codes' SUM all-reduce starts from the gradient hook, as fp16 values do, with no
+blocking collective in between; beside it, an asynchronous MAX all-reduce of this step's ``|values|``
+gives the next step's scale. A value beyond the held scale is sent as ``sign * scale`` and the rest
+stays in the error memory. Only where no scale is held yet (the first step, a new tensor, a checkpoint
+without scales) the codes wait for this step's MAX, in ``synchronize()``. Both cases issue the same
+two collectives under the same names, so ranks that disagree about a held scale cannot hang.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import horovod.torch as hvd
 import torch
-from horovod.torch.mpi_ops import allreduce_async_
+from horovod.torch.mpi_ops import allreduce_async_, synchronize
 
 from pactrain_hvd.core import CheckpointError
 from pactrain_hvd.core.lanes import LaneLayout
@@ -40,12 +46,12 @@ class ErrorFeedback:
         residual = self.residuals.get(name)
         return values if residual is None else values + residual
 
-    def store(self, name: str, values: torch.Tensor, dequantized: torch.Tensor, scale: torch.Tensor) -> None:
-        """What rounding left out, pending; under a non-finite scale (an overflow on some rank, which every
-        rank sees through the MAX) the old residual instead of NaN, even if that step is taken."""
+    def store(self, name: str, values: torch.Tensor, dequantized: torch.Tensor) -> None:
+        """What rounding left out, pending; where that is not finite (an overflow: inf values, or a non-finite
+        scale) the old residual instead, so that the memory never turns NaN, even if that step is taken."""
         previous = self.residuals.get(name)
         fresh = values - dequantized
-        self.pending[name] = torch.where(torch.isfinite(scale), fresh,
+        self.pending[name] = torch.where(torch.isfinite(fresh), fresh,
                                          previous if previous is not None else torch.zeros_like(fresh))
 
     def commit(self) -> None:
@@ -99,14 +105,29 @@ class NoiseSource:
             self._generator(torch.device(device)).set_state(state)
 
 
+@dataclass
+class TernarySend:
+    """One tensor's ternary all-reduce in flight: this step's MAX, and the codes once a scale is known."""
+
+    name: str
+    grad: torch.Tensor
+    compressor: PacTrainCompressor
+    values: torch.Tensor  # gathered survivors plus the error memory, fp32
+    divisor: float
+    max_handle: Any
+    words: torch.Tensor | None = None
+    words_handle: Any = None
+    ctx: Any = None
+
+
 class TernaryReduction:
-    """Shared-scale stochastic ternary all-reduce of packed tensors, with error feedback.
+    """Stochastic ternary all-reduce of packed tensors at held scales, with error feedback.
 
     Example::
 
         >>> reduction = TernaryReduction(ternary_layout(hvd.size()), hvd.global_process_set)
-        >>> launched = reduction.allreduce_async([(name, grad, compressor)], average=True)
-        >>> grad = compressor.decompress(synchronize(launched[0][0]), launched[0][1])
+        >>> send = reduction.start(name, grad, compressor, average=True)   # from the gradient hook
+        >>> grad = reduction.finish(send)                                   # in synchronize()
     """
 
     def __init__(self, layout: LaneLayout, process_set: hvd.ProcessSet) -> None:
@@ -114,31 +135,62 @@ class TernaryReduction:
         self.process_set = process_set
         self.memory = ErrorFeedback()
         self.noise = NoiseSource(_NOISE_SEED + process_set.rank())
+        self.scales: dict[str, torch.Tensor] = {}  # per tensor, the scale of its next send (fp32 scalar)
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's error memory and rounding noise: what an exact resume needs besides the masks."""
+        """This rank's error memory and rounding noise: what an exact resume needs besides the masks and
+        the held scales (those are the same on every rank: ``scale_vector``)."""
         return {"rank": self.process_set.rank(), "noise": self.noise.state_dict(),
                 "residuals": {name: r.detach().cpu().clone() for name, r in self.memory.residuals.items()}}
 
-    def allreduce_async(self, tensors: list[tuple[str, torch.Tensor, PacTrainCompressor]],
-                        average: bool) -> list[tuple[Any, Any, torch.Tensor]]:
-        """Start one int32 SUM all-reduce per ``(name, gradient, compressor)``: ``(handle, ctx, words)`` each.
+    def scale_vector(self, names: list[str]) -> torch.Tensor:
+        """The held scales of ``names`` as one fp32 CPU tensor, NaN where none is held (a sync: checkpoints only)."""
+        nan = torch.tensor(float("nan"))
+        return torch.stack([self.scales[name].detach().float().cpu() if name in self.scales else nan
+                            for name in names]) if names else torch.zeros(0)
 
-        Blocks once, on the MAX all-reduce of all scales; every rank must call it with the same names.
-        """
-        values = [self.memory.add(name, compressor.gather(grad).float()) for name, grad, compressor in tensors]
-        if not values:
-            return []
-        device = values[0].device
-        local = torch.stack([(v.abs().max() if v.numel() else v.new_zeros(())).to(device) for v in values])
-        scales = hvd.allreduce(local, op=hvd.Max, name="pactrain.ternary.scales", process_set=self.process_set)
-        divisor = float(self.layout.world_size) if average else 1.0
-        launched = []
-        for (name, grad, compressor), value, scale in zip(tensors, values, scales):
-            scale = scale.to(value.device)
-            ternary = stochastic_ternary(value, scale, self.noise.uniform(value.numel(), value.device))
-            self.memory.store(name, value, ternary.to(value.dtype) * scale, scale)
-            words, ctx = compressor.compress_ternary(grad, ternary, scale, divisor)
-            handle = allreduce_async_(words, name=name, op=hvd.Sum, process_set=self.process_set)
-            launched.append((handle, ctx, words))
-        return launched
+    def hold_scales(self, names: list[str], vector: torch.Tensor, devices: dict[str, torch.device]) -> None:
+        """Hold the scales of ``scale_vector`` (NaN: none), replacing all others."""
+        if vector.shape != (len(names),):
+            raise CheckpointError(f"ternary scales must be a vector of {len(names)} values, got shape {tuple(vector.shape)}")
+        self.scales = {name: value.to(devices[name]) for name, value in zip(names, vector.float())
+                       if not torch.isnan(value)}
+
+    def start(self, name: str, grad: torch.Tensor, compressor: PacTrainCompressor, average: bool) -> TernarySend:
+        """Launch ``name``'s MAX all-reduce, and its codes' SUM all-reduce where a scale is held. No sync."""
+        values = self.memory.add(name, compressor.gather(grad).float())
+        local = values.abs().amax() if values.numel() else values.new_zeros(())
+        # An overflow on any rank makes the MAX inf on every rank (Horovod's MAX may drop a NaN).
+        local = torch.where(torch.isfinite(values).all(), local, local.new_tensor(float("inf")))
+        max_handle = allreduce_async_(local.reshape(1), name=f"{name}.pactrain.scale", op=hvd.Max,
+                                      process_set=self.process_set)
+        send = TernarySend(name, grad, compressor, values, float(self.layout.world_size) if average else 1.0,
+                           max_handle)
+        scale = self.scales.get(name)
+        if scale is not None:
+            self._send_codes(send, scale)
+        return send
+
+    def finish(self, send: TernarySend) -> torch.Tensor:
+        """Wait for ``send``, hold the next scale, and return the reduced gradient in the tensor's shape.
+
+        Every rank gets the same MAX: where it is not finite (an overflow somewhere) the gradient is NaN on
+        every rank, so a loss scaler skips the step everywhere, and the held scale stays as it was."""
+        step_max = synchronize(send.max_handle).reshape(())
+        if send.words_handle is None:  # no scale was held: this step's MAX is the scale
+            self._send_codes(send, step_max)
+        summed = synchronize(send.words_handle)
+        finite = torch.isfinite(step_max)
+        held = self.scales.get(send.name)
+        self.scales[send.name] = torch.where(finite, step_max, held if held is not None else step_max.new_zeros(()))
+        value_ctx, original = send.ctx
+        scale = torch.where(finite, value_ctx.scale, value_ctx.scale.new_tensor(float("nan")))
+        return send.compressor.decompress(summed, (value_ctx._replace(scale=scale), original))
+
+    def _send_codes(self, send: TernarySend, scale: torch.Tensor) -> None:
+        values = send.values
+        scale = scale.to(values.device)
+        ternary = stochastic_ternary(values, scale, self.noise.uniform(values.numel(), values.device))
+        self.memory.store(send.name, values, ternary.to(values.dtype) * scale)
+        send.words, send.ctx = send.compressor.compress_ternary(send.grad, ternary, scale, send.divisor)
+        send.words_handle = allreduce_async_(send.words, name=send.name, op=hvd.Sum, process_set=self.process_set)

@@ -141,7 +141,7 @@ def test_error_feedback_carries_the_quantization_error():
     values = torch.tensor([0.3, -0.6, 0.05])
     dequantized = torch.tensor([1.0, -1.0, 0.0])
     assert memory.add("w", values) is values  # nothing remembered yet
-    memory.store("w", values, dequantized, torch.tensor(1.0))
+    memory.store("w", values, dequantized)
     assert "w" not in memory.residuals, "pending until the step is taken"
     memory.commit()
     torch.testing.assert_close(memory.residuals["w"], values - dequantized)
@@ -152,7 +152,7 @@ def test_error_feedback_carries_the_quantization_error():
     for _ in range(200):
         value = memory.add("g", values)
         dequantized = torch_lanes.stochastic_ternary(value, scale, torch.rand(3, generator=generator)) * scale
-        memory.store("g", value, dequantized, scale)
+        memory.store("g", value, dequantized)
         memory.commit()
         sent += dequantized
     torch.testing.assert_close(sent + memory.residuals["g"], 200 * values)
@@ -160,17 +160,24 @@ def test_error_feedback_carries_the_quantization_error():
 
 
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])
-def test_error_feedback_keeps_the_old_residual_under_a_non_finite_scale(bad):
-    """An overflowed step (skipped by a loss scaler) must not leave NaN in the memory for ever."""
+def test_error_feedback_keeps_the_old_residual_where_an_overflow_left_no_finite_error(bad):
+    """An overflowed step (skipped by a loss scaler) must not leave NaN in the memory for ever: where a value
+    overflowed, or everywhere when the scale did (an overflow on another rank), the old residual stays."""
     memory = ErrorFeedback()
     previous = torch.tensor([0.1, -0.2, 0.0])
     memory.residuals["w"] = previous.clone()
     overflowed = memory.add("w", torch.tensor([bad, 1.0, 0.5]))
-    memory.store("w", overflowed, overflowed * 0, torch.tensor(bad))
-    memory.store("fresh", overflowed, overflowed * 0, torch.tensor(bad))
+    memory.store("w", overflowed, torch.tensor([1.0, 1.0, 0.0]))
+    memory.store("fresh", overflowed, torch.tensor([1.0, 1.0, 0.0]))
     memory.commit()
-    assert torch.equal(memory.residuals["w"], previous)
-    assert torch.equal(memory.residuals["fresh"], torch.zeros(3))
+    kept = memory.residuals["w"].clone()
+    torch.testing.assert_close(kept, torch.tensor([0.1, -0.2, 0.5]))
+    torch.testing.assert_close(memory.residuals["fresh"], torch.tensor([0.0, -0.2, 0.5]))
+    finite = memory.add("w", torch.tensor([0.5, -0.5, 0.0]))
+    ternary = torch.tensor([1.0, -1.0, 0.0])
+    memory.store("w", finite, ternary * torch.tensor(bad))  # a scale that is not finite: t * scale is not either
+    memory.commit()
+    assert torch.equal(memory.residuals["w"], kept)
 
 
 def test_error_feedback_remap_keeps_surviving_coordinates():

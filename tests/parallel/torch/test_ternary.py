@@ -1,4 +1,7 @@
-"""values='ternary': shared-scale ternary codes summed in int32 lanes by Horovod, with error feedback."""
+"""values='ternary': shared-scale ternary codes summed in int32 lanes by Horovod, with error feedback.
+
+The scale of a tensor's codes is the one every rank holds: the MAX over ranks of the previous step's
+values, so the codes leave from the gradient hook; a tensor without one waits for this step's MAX."""
 
 import copy
 
@@ -42,8 +45,13 @@ def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
         loss_of(twin, step).backward()
         local = dict(zip(opt._parameters, (q.grad for _, q in sorted(twin.named_parameters()))))
         residual_before = {name: opt._ternary.memory.residuals.get(name) for name in ternary_names}
+        held = {name: opt._ternary.scales.get(name) for name in ternary_names}
+        assert (held[ternary_names[0]] is None) == (step == 1), "a scale is held from the second packed step on"
         opt.zero_grad()
         loss_of(model, step).backward()
+        for name in ternary_names:  # before synchronize(): with a held scale the codes are on their way
+            send = opt._handles[opt._parameters[name]][0]
+            assert (send.words_handle is not None) == (held[name] is not None), name
         opt.synchronize()
         stats = opt.stats()
         for name in ternary_names:
@@ -52,7 +60,9 @@ def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
             values = local[name].reshape(-1)[indices]
             if residual_before[name] is not None:
                 values = values + residual_before[name]
-            scale = hvd.allreduce(values.abs().max().reshape(1), op=hvd.Max, name=f"ref.scale.{name}")[0]
+            step_max = hvd.allreduce(values.abs().max().reshape(1), op=hvd.Max, name=f"ref.scale.{name}")[0]
+            scale = step_max if held[name] is None else held[name]
+            assert torch.equal(opt._ternary.scales[name], step_max), "the next scale is this step's MAX"
             dequantized = values - opt._ternary.memory.pending[name]  # what this rank sent: t * scale (no step
             # is taken here, so this residual stays pending and the next iteration starts from the same memory)
             ternary = torch.round(dequantized / scale)
@@ -176,3 +186,46 @@ def test_an_overflow_on_one_rank_skips_the_step_everywhere_and_leaves_the_error_
     assert all(torch.isfinite(r).all() for r in opt._ternary.memory.residuals.values())
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert_same_on_all_ranks(dict(model.named_parameters()))
+
+
+@pytest.mark.parametrize("broadcast", ["horovod", "broadcast_masks"])
+def test_scales_loaded_on_one_rank_reach_every_rank_and_the_codes_leave_from_the_hook(broadcast):
+    """Horovod's resume idiom (rank 0 loads, then broadcasts): every rank holds rank 0's scales, so every
+    rank sends the next step's codes from the gradient hook, and the ranks stay identical. Horovod's
+    broadcast carries them in the optimizer state's entries, so there SGD has momentum; ``broadcast_masks``
+    carries them itself, so there plain SGD (which has no state to broadcast) shows that it does."""
+    def inner(model):
+        return sgd(model) if broadcast == "horovod" else torch.optim.SGD(model.parameters(), lr=0.05)
+
+    model = make_model()
+    opt = pt.DistributedOptimizer(inner(model), named_parameters=named(model, f"sc.{broadcast}"), values="ternary",
+                                  sparsity=0.5, begin_step=0, end_step=0, pack_min_numel=0)
+    for step in range(3):
+        opt.zero_grad()
+        loss_of(model, step).backward()
+        opt.step()
+    saved = {"model": copy.deepcopy(model.state_dict()), "optimizer": opt.state_dict()}
+    scales = saved["optimizer"]["pactrain"]["ternary_scales"]
+    ternary = [name for name, p in opt._parameters.items() if opt._compressors[p].lanes is not None]
+    assert len(ternary) >= 2 and not scales.isnan().all()
+    assert_same_on_all_ranks({"scales": scales.nan_to_num(-1)}, "held scales")  # NaN: no scale held
+
+    resumed_model = make_model(seed=hvd.rank() + 1)  # other weights on every rank until the broadcast
+    resumed = pt.DistributedOptimizer(inner(resumed_model), named_parameters=named(resumed_model, f"sc.{broadcast}"),
+                                      values="ternary", sparsity=0.5, begin_step=0, end_step=0, pack_min_numel=0)
+    if hvd.rank() == 0:
+        resumed_model.load_state_dict(saved["model"])
+        resumed.load_state_dict(saved["optimizer"])
+    if broadcast == "horovod":
+        hvd.broadcast_optimizer_state(resumed, root_rank=0)
+    else:
+        pt.broadcast_masks(resumed, root_rank=0)
+    hvd.broadcast_parameters(resumed_model.state_dict(), root_rank=0)
+    resumed.zero_grad()
+    loss_of(resumed_model, 3).backward()
+    for name in ternary:  # every rank asserts the same verdict (a rank that failed alone would leave the others waiting)
+        send, held = resumed._handles[resumed._parameters[name]][0], resumed._ternary.scales.get(name)
+        ok = send.words_handle is not None and torch.equal(held, scales[list(resumed._parameters).index(name)])
+        assert all_true(ok, f"held.{broadcast}.{name}"), f"{name}: rank 0's scale is not held on every rank"
+    resumed.step()
+    assert_same_on_all_ranks(dict(resumed_model.named_parameters()))
