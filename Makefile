@@ -9,7 +9,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 # and keeps errors. scripts/test.sh and scripts/accuracy.py use 3 for PyTorch runs under horovodrun.
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install demo test lint accuracy bench clean
+.PHONY: install demo test test-compat lint accuracy bench clean docker docker-test
 
 $(STAMP): scripts/install.sh setup.py
 	bash scripts/install.sh
@@ -24,12 +24,28 @@ demo: $(STAMP)
 test: $(STAMP)
 	bash scripts/test.sh
 
+# The oldest supported stack (TF 2.16.2, numpy<2) in its own venv: unit tests and both frontends' multi-rank suites.
+COMPAT_VENV := $(CURDIR)/.venv-compat
+test-compat:
+	VENV=$(COMPAT_VENV) TF_VERSION=2.16.2 bash scripts/install.sh
+	VENV=$(COMPAT_VENV) TEST_SUITES="unit torch tensorflow" bash scripts/test.sh
+
 accuracy: $(STAMP)
 	$(PY) scripts/accuracy.py
 
 # The benchmark on emulated links (root: network namespaces, tc); BENCH_ARGS=--quick for a short run.
 bench: $(STAMP)
 	$(PY) -m pactrain_hvd.bench $(BENCH_ARGS)
+
+# The CPU image with podman (root): a Debian base made with debootstrap unless BASE_IMAGE names one,
+# the host's pip configuration handed to the build read-only. FLAVOR=gpu builds docker/gpu. docker/README.md.
+docker:
+	bash scripts/docker_build.sh
+
+# Two containers of the image on a podman network: the Gloo (horovodrun over ssh) and MPI jobs, then
+# the same on a 100 Mbit/s link (tc in each container). Removes all it starts. docker/README.md.
+docker-test: docker
+	bash scripts/docker_test.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
