@@ -12,13 +12,12 @@ the gradient's bytes (payload only, no protocol overhead: a lower bound on the w
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
+from pactrain_hvd.bench.micro_pack import median_seconds
 from pactrain_hvd.data import CharVocab, load_bible_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -48,16 +47,16 @@ WORKLOADS = {
 
 
 def median_step_seconds(make, repeats: int) -> tuple[float, int]:
+    """Median step time (the first step, which allocates optimizer state, untimed) and the parameter count."""
     optimizer, loss_fn = make()
-    parameters = [p for group in optimizer.param_groups for p in group["params"]]
-    times = []
-    for _ in range(repeats + 1):  # the first step allocates optimizer state: not timed
-        start = time.perf_counter()
+
+    def step() -> None:
         optimizer.zero_grad()
         loss_fn().backward()
         optimizer.step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:]), sum(p.numel() for p in parameters)
+
+    parameters = sum(p.numel() for group in optimizer.param_groups for p in group["params"])
+    return median_seconds(step, repeats), parameters
 
 
 def main() -> None:

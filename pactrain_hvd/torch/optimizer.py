@@ -718,7 +718,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._step = int(step)
             self._install_masks(masks)
             if self._ternary is not None:  # the same on every rank: whichever rank's checkpoint it is
-                self._hold_scales(scales if scales is not None else torch.full((len(self._parameters),), float("nan")))
+                if scales is not None:
+                    self._hold_scales(scales)
+                else:
+                    self._ternary.scales = {}
             if ternary is not None:
                 self._ternary.noise.load_state_dict(ternary["noise"])
                 devices = {name: p.device for name, p in self._parameters.items()}
