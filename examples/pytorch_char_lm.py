@@ -27,9 +27,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import pactrain_hvd.torch as pt
+from pactrain_hvd.core.masks import RANKINGS
 from pactrain_hvd.data import CharVocab, load_bible_text, random_windows, sequential_windows, split_tokens
 from pactrain_hvd.progress import Progress
-from pactrain_hvd.torch.reporting import WireTally, global_sum, log_step, pruning_steps, tensorboard_writer
+from pactrain_hvd.torch.reporting import WireTally, global_sum, log_step, tensorboard_writer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,6 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--values", choices=("fp32", "fp16", "ternary"), default="fp32",
                         help="how PacTrain sends packed (surviving) values; fp32 leaves them to --fp16")
     parser.add_argument("--sparsity", type=float, default=0.9, help="final PacTrain sparsity; 0 is plain Horovod")
+    parser.add_argument("--ranking", choices=RANKINGS, default="layer",
+                        help="how sparsity is spread: per tensor, Erdős-Rényi-Kernel shares, or one global threshold")
     parser.add_argument("--prune-begin", type=int, default=None, help="first pruning step (default: 10%% of the run)")
     parser.add_argument("--prune-end", type=int, default=None, help="last pruning step (default: 60%% of the run)")
     parser.add_argument("--prune-frequency", type=int, default=None,
@@ -209,23 +212,26 @@ def main(argv: list[str] | None = None) -> dict:
     total_steps = args.epochs * steps_per_epoch
     if args.max_steps is not None:
         total_steps = min(total_steps, args.max_steps)
-    begin, end, frequency = pruning_steps(args, total_steps)
 
     model = CharGPT(vocab.size, args.block_size, args.embed_dim, args.layers, args.heads).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     compression = hvd.Compression.fp16 if args.fp16 else hvd.Compression.none
     # The PacTrain line: was hvd.DistributedOptimizer(optimizer, named_parameters=..., compression=...).
     optimizer = pt.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), compression=compression,
-                                        sparsity=args.sparsity, begin_step=begin, end_step=end, frequency=frequency,
-                                        values=args.values, prunable=["blocks.*"] if args.dense_embeddings else None)
+                                        sparsity=args.sparsity, total_steps=total_steps, begin_step=args.prune_begin,
+                                        end_step=args.prune_end, frequency=args.prune_frequency,
+                                        values=args.values, ranking=args.ranking, prunable=["blocks.*"] if args.dense_embeddings else None)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    schedule = optimizer.config.schedule
+    begin, end, frequency = schedule.begin_step, schedule.end_step, schedule.frequency
+    parameters = sum(p.numel() for p in model.parameters())
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer.optimizer, T_max=max(total_steps, 1))
 
     writer = tensorboard_writer(args.logdir)
     if hvd.rank() == 0:
         print(f"char LM on {hvd.size()} workers: {len(text)} characters, vocabulary {vocab.size}, "
-              f"{sum(p.numel() for p in model.parameters())} parameters, {total_steps} steps, sparsity {args.sparsity} "
+              f"{parameters} parameters, {total_steps} steps, sparsity {args.sparsity} "
               f"(prune steps {begin}..{end} every {frequency}), fp16 {args.fp16}, values {args.values}", flush=True)
     state = {"step": 0, "tally": WireTally(), "scheduler": scheduler, "device": device,
              "rng": np.random.default_rng([args.seed, hvd.rank()])}
@@ -249,7 +255,7 @@ def main(argv: list[str] | None = None) -> dict:
         example="char_lm", world_size=hvd.size(), sparsity_target=args.sparsity, fp16=args.fp16, values=args.values,
         dense_embeddings=args.dense_embeddings,
         epochs=len(history), batch_size=args.batch_size, block_size=args.block_size, seed=args.seed,
-        prune_schedule=[begin, end, frequency], sparsity=optimizer.stats()["sparsity"],
+        prune_schedule=[begin, end, frequency], ranking=args.ranking, parameters=parameters, sparsity=optimizer.stats()["sparsity"],
         val_loss=last.get("val_loss"), val_perplexity=last.get("val_perplexity"), train_loss=last.get("train_loss"),
         wall_seconds=wall_seconds,
         samples_per_s=sum(m["samples"] for m in history) / max(sum(m["train_seconds"] for m in history), 1e-9),

@@ -25,9 +25,10 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 import pactrain_hvd.torch as pt
+from pactrain_hvd.core.masks import RANKINGS
 from pactrain_hvd.data import load_fashion_mnist
 from pactrain_hvd.progress import Progress
-from pactrain_hvd.torch.reporting import WireTally, global_sum, log_step, pruning_steps, tensorboard_writer
+from pactrain_hvd.torch.reporting import WireTally, global_sum, log_step, tensorboard_writer
 
 # Training-set statistics of Fashion-MNIST pixels scaled to [0, 1].
 PIXEL_MEAN, PIXEL_STD = 0.2860, 0.3530
@@ -52,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--values", choices=("fp32", "fp16", "ternary"), default="fp32",
                         help="how PacTrain sends packed (surviving) values; fp32 leaves them to --fp16")
     parser.add_argument("--sparsity", type=float, default=0.9, help="final PacTrain sparsity; 0 is plain Horovod")
+    parser.add_argument("--ranking", choices=RANKINGS, default="layer",
+                        help="how sparsity is spread: per tensor, Erdős-Rényi-Kernel shares, or one global threshold")
     parser.add_argument("--prune-begin", type=int, default=None, help="first pruning step (default: 10%% of the run)")
     parser.add_argument("--prune-end", type=int, default=None, help="last pruning step (default: 60%% of the run)")
     parser.add_argument("--prune-frequency", type=int, default=None,
@@ -218,7 +221,6 @@ def main(argv: list[str] | None = None) -> dict:
     total_steps = args.epochs * len(train_loader)
     if args.max_steps is not None:
         total_steps = min(total_steps, args.max_steps)
-    begin, end, frequency = pruning_steps(args, total_steps)
 
     model = MODELS[args.model]().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=args.momentum,
@@ -226,14 +228,18 @@ def main(argv: list[str] | None = None) -> dict:
     compression = hvd.Compression.fp16 if args.fp16 else hvd.Compression.none
     # The PacTrain line: was hvd.DistributedOptimizer(optimizer, named_parameters=..., compression=...).
     optimizer = pt.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), compression=compression,
-                                        sparsity=args.sparsity, begin_step=begin, end_step=end, frequency=frequency,
-                                        values=args.values)
+                                        sparsity=args.sparsity, total_steps=total_steps, begin_step=args.prune_begin,
+                                        end_step=args.prune_end, frequency=args.prune_frequency,
+                                        values=args.values, ranking=args.ranking)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    schedule = optimizer.config.schedule
+    begin, end, frequency = schedule.begin_step, schedule.end_step, schedule.frequency
+    parameters = sum(p.numel() for p in model.parameters())
 
     writer = tensorboard_writer(args.logdir)
     if hvd.rank() == 0:
-        print(f"Fashion-MNIST on {hvd.size()} workers: {sum(p.numel() for p in model.parameters())} parameters, "
+        print(f"Fashion-MNIST on {hvd.size()} workers: {parameters} parameters, "
               f"{total_steps} steps, sparsity {args.sparsity} (prune steps {begin}..{end} every {frequency}), "
               f"fp16 {args.fp16}, values {args.values}", flush=True)
     scheduler = (torch.optim.lr_scheduler.CosineAnnealingLR(optimizer.optimizer, T_max=max(total_steps, 1))
@@ -258,7 +264,7 @@ def main(argv: list[str] | None = None) -> dict:
     last = history[-1] if history else {}
     result = dict(
         example="fashion_mnist", world_size=hvd.size(), sparsity_target=args.sparsity, fp16=args.fp16, values=args.values, lr_schedule=args.lr_schedule,
-        epochs=len(history), batch_size=args.batch_size, seed=args.seed, prune_schedule=[begin, end, frequency],
+        epochs=len(history), batch_size=args.batch_size, seed=args.seed, prune_schedule=[begin, end, frequency], ranking=args.ranking, parameters=parameters,
         sparsity=optimizer.stats()["sparsity"], test_accuracy=last.get("test_accuracy"),
         test_loss=last.get("test_loss"),
         train_loss=last.get("train_loss"), wall_seconds=wall_seconds,

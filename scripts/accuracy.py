@@ -1,25 +1,28 @@
 #!/usr/bin/env python3
-"""Accuracy report: dense Horovod against PacTrain at several sparsities, same seed and hyperparameters.
+"""Accuracy report: dense Horovod against PacTrain at several sparsities, same seeds and hyperparameters.
 
 Each run is one example launched with ``horovodrun -np N --gloo`` (``--np``, default 2) that
-writes its metrics with ``--result-json``; this script collects them into
-``reports/accuracy/``:
+writes its metrics with ``--result-json``; this script collects them into ``reports/accuracy/``:
 
-- ``results.json``: the settings and every run's metrics (final metric, wire bytes, wall time).
-- ``results.md``: one table per task, with the change against the dense run.
-- ``accuracy.png``: metric and total bytes against sparsity.
+- ``results.json``: the settings and every run's metrics (task, parameters, sparsity, seed,
+  final metric, bytes over the run and per step once masks are final, wall time).
+- ``results.md``: one table per task: the mean over seeds, each seed, the change against dense.
+- ``accuracy.png``: metric against sparsity, a line per ranking / values.
 
-The full report (5 sparsities x 2 tasks) takes about an hour on 2 CPU cores::
+The workloads are the ones PacTrain is for (``TASKS``): FashionVGG (4.3 M parameters, 3 epochs,
+about 8 minutes a run at 2 workers on 2 cores) and a 5 M-parameter char-GPT (one epoch, about
+15 minutes). The full report, 4 sparsities x 2 seeds x 2 tasks::
 
     .venv/bin/python scripts/accuracy.py
 
-Packed-value encodings side by side (``--values``; the dense run happens once)::
+A report grows in parts: runs already in ``--out``'s ``results.json`` are kept, not run again.
+One change at a time against the default (``--rankings``, ``--values``; the dense run happens once)::
 
-    .venv/bin/python scripts/accuracy.py --sparsities 0 0.9 --values fp32 fp16 ternary --out reports/accuracy/values
+    .venv/bin/python scripts/accuracy.py --tasks image --sparsities 0 0.9 --rankings layer erk global
 
 A tiny configuration proves the pipeline in a couple of minutes::
 
-    .venv/bin/python scripts/accuracy.py --sparsities 0 0.9 --max-steps 20 --lm-max-steps 10 --out /tmp/accuracy
+    .venv/bin/python scripts/accuracy.py --sparsities 0 0.9 --seeds 1 --max-steps 20 --lm-max-steps 10 --out /tmp/accuracy
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pactrain_hvd.core.masks import RANKINGS
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -41,39 +46,57 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 class Task:
     name: str
     script: str
+    model_args: tuple[str, ...]  # the workload's size: the same in every run of the task
     metric: str  # key in the example's result JSON
     label: str
     higher_is_better: bool
 
 
+# The workloads PacTrain is for (tests/unit/test_workloads.py holds their size and wire : compute ratios).
 TASKS = {
-    "fashion_mnist": Task("fashion_mnist", "examples/pytorch_fashion_mnist.py", "test_accuracy",
-                          "Fashion-MNIST top-1", True),
-    "char_lm": Task("char_lm", "examples/pytorch_char_lm.py", "val_perplexity", "char-LM val perplexity", False),
+    "image": Task("image", "examples/pytorch_fashion_mnist.py", ("--model", "vgg", "--lr-schedule", "cosine"),
+                  "test_accuracy", "Fashion-MNIST top-1, FashionVGG (4.3 M parameters)", True),
+    "language": Task("language", "examples/pytorch_char_lm.py",
+                     ("--embed-dim", "320", "--layers", "4", "--heads", "4", "--block-size", "128", "--batch-size", "16"),
+                     "val_perplexity", "King James char-GPT (5.0 M parameters) validation perplexity", False),
 }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--sparsities", type=float, nargs="+", default=[0.0, 0.5, 0.8, 0.9, 0.95],
+    parser.add_argument("--sparsities", type=float, nargs="+", default=[0.0, 0.8, 0.9, 0.95],
                         help="final sparsities to compare; 0 is the dense Horovod baseline")
     parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=sorted(TASKS))
     parser.add_argument("--np", type=int, default=2, help="workers per run")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--epochs", type=int, default=2, help="Fashion-MNIST epochs")
-    parser.add_argument("--lm-epochs", type=int, default=1, help="char-LM epochs")
-    parser.add_argument("--max-steps", type=int, default=None, help="cap on Fashion-MNIST steps (tiny runs)")
-    parser.add_argument("--lm-max-steps", type=int, default=None, help="cap on char-LM steps (tiny runs)")
-    parser.add_argument("--lm-val-batches", type=int, default=20, help="char-LM validation batches per worker")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--epochs", type=int, default=3, help="image epochs")
+    parser.add_argument("--lm-epochs", type=int, default=1, help="language-model epochs")
+    parser.add_argument("--max-steps", type=int, default=None, help="cap on image steps (tiny runs)")
+    parser.add_argument("--lm-max-steps", type=int, default=None, help="cap on language-model steps")
+    parser.add_argument("--lm-val-batches", type=int, default=20, help="language-model validation batches per worker")
     parser.add_argument("--fp16", action="store_true", help="fp16 values on the wire in every run")
-    parser.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
-                        help="Fashion-MNIST learning-rate schedule (the char LM always anneals)")
     parser.add_argument("--values", nargs="+", choices=("fp32", "fp16", "ternary"), default=["fp32"],
                         help="PacTrain packed-value encodings to compare (the examples' --values)")
+    parser.add_argument("--rankings", nargs="+", choices=RANKINGS, default=["layer"],
+                        help="how sparsity is spread over tensors (the examples' --ranking)")
     parser.add_argument("--out", default=str(REPO_ROOT / "reports" / "accuracy"), help="report folder")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds allowed per run")
     return parser.parse_args(argv)
+
+
+@dataclass(frozen=True)
+class Run:
+    task: Task
+    sparsity: float
+    values: str
+    ranking: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        variant = "".join(f"-{v}" for v, default in ((self.values, "fp32"), (self.ranking, "layer")) if v != default)
+        return f"{self.task.name}-s{self.sparsity:g}{variant}-seed{self.seed}"
 
 
 # -- running --------------------------------------------------------------------------------------
@@ -86,42 +109,47 @@ def horovodrun() -> str:
     return found
 
 
-def example_args(task: Task, sparsity: float, values: str, args: argparse.Namespace, result_json: Path) -> list[str]:
-    """The example's flags: identical for every run of a task except --sparsity and --values."""
-    common = ["--sparsity", str(sparsity), "--values", values, "--seed", str(args.seed), "--result-json",
-              str(result_json), "--logdir="]
+def example_args(run: Run, args: argparse.Namespace, result_json: Path) -> list[str]:
+    """The example's flags: identical for every run of a task except sparsity, values, ranking and seed."""
+    flags = [*run.task.model_args, "--sparsity", str(run.sparsity), "--values", run.values, "--ranking", run.ranking,
+             "--seed", str(run.seed), "--result-json", str(result_json), "--logdir="]
     if args.fp16:
-        common.append("--fp16")
-    if task.name == "fashion_mnist":
-        extra = ["--epochs", str(args.epochs), "--lr-schedule", args.lr_schedule]
-        extra += ["--max-steps", str(args.max_steps)] if args.max_steps else []
+        flags.append("--fp16")
+    if run.task.name == "image":
+        flags += ["--epochs", str(args.epochs)] + (["--max-steps", str(args.max_steps)] if args.max_steps else [])
     else:
-        extra = ["--epochs", str(args.lm_epochs), "--val-batches", str(args.lm_val_batches)]
-        extra += ["--max-steps", str(args.lm_max_steps)] if args.lm_max_steps else []
-    return common + extra
+        flags += ["--epochs", str(args.lm_epochs), "--val-batches", str(args.lm_val_batches)]
+        flags += ["--max-steps", str(args.lm_max_steps)] if args.lm_max_steps else []
+    return flags
 
 
-def run_name(task: Task, sparsity: float, values: str) -> str:
-    return f"{task.name}-s{sparsity:g}" + ("" if values == "fp32" else f"-{values}")
+def planned_runs(args: argparse.Namespace) -> list[Run]:
+    """Every setting for every seed; at sparsity 0 nothing is pruned or packed, so one run per seed
+    covers every encoding and ranking."""
+    runs = []
+    for name in args.tasks:
+        for sparsity in args.sparsities:
+            variants = [("fp32", "layer")] if sparsity == 0 else [(v, r) for r in args.rankings for v in args.values]
+            runs += [Run(TASKS[name], sparsity, v, r, seed) for v, r in variants for seed in args.seeds]
+    return runs
 
 
-def planned_runs(args: argparse.Namespace) -> list[tuple[str, float, str]]:
-    """(task, sparsity, values) to run; at sparsity 0 nothing is packed, so one run covers every encoding."""
-    return [(name, sparsity, values) for name in args.tasks for sparsity in args.sparsities
-            for values in (["fp32"] if sparsity == 0 else args.values)]
+def final_mask_bytes_per_step(history: list[dict]) -> float | None:
+    """Bytes per step handed to Horovod in the last epoch, which the schedule leaves with final masks."""
+    last = history[-1] if history else None
+    return last["sent_bytes"] / last["steps"] if last and last["steps"] else None
 
 
-def run_one(task: Task, sparsity: float, values: str, args: argparse.Namespace, out: Path) -> dict:
+def run_one(run: Run, args: argparse.Namespace, out: Path) -> dict:
     """Launch one training run; its metrics plus the launcher's wall time, or an ``error``."""
-    name = run_name(task, sparsity, values)
-    result_json, log_path = out / "runs" / f"{name}.json", out / "logs" / f"{name}.log"
+    result_json, log_path = out / "runs" / f"{run.name}.json", out / "logs" / f"{run.name}.log"
     result_json.unlink(missing_ok=True)
     command = [horovodrun(), "-np", str(args.np), "-H", f"localhost:{args.np}", "--gloo",
-               sys.executable, str(REPO_ROOT / task.script), *example_args(task, sparsity, values, args, result_json)]
+               sys.executable, str(REPO_ROOT / run.task.script), *example_args(run, args, result_json)]
     # PyTorch runs: horovodrun's build check is their only TensorFlow import, and at level 2 it still logs
     # three harmless "Unable to register cuFFT/cuDNN/cuBLAS factory" errors.
     env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3")
-    print(f"[accuracy] {name}: {' '.join(command[1:])}", flush=True)
+    print(f"[accuracy] {run.name}: {' '.join(command[1:])}", flush=True)
     started = time.perf_counter()
     with open(log_path, "w") as log:
         try:
@@ -130,57 +158,81 @@ def run_one(task: Task, sparsity: float, values: str, args: argparse.Namespace, 
         except subprocess.TimeoutExpired:
             returncode = "timeout"
     seconds = time.perf_counter() - started
-    base = {"task": task.name, "sparsity_target": sparsity, "values": values, "launcher_seconds": seconds,
-            "log": str(log_path)}
+    base = {"name": run.name, "task": run.task.name, "sparsity_target": run.sparsity, "values": run.values, "ranking": run.ranking,
+            "seed": run.seed, "launcher_seconds": seconds, "log": str(log_path)}
     if returncode != 0 or not result_json.is_file():
         tail = log_path.read_text(errors="replace").splitlines()[-15:]
-        print(f"[accuracy] {name} FAILED ({returncode}); last lines of {log_path}:\n  " + "\n  ".join(tail), flush=True)
+        print(f"[accuracy] {run.name} FAILED ({returncode}); last lines of {log_path}:\n  " + "\n  ".join(tail),
+              flush=True)
         return dict(base, error=f"exit {returncode}")
     result = json.loads(result_json.read_text())
-    result.pop("history", None)
-    print(f"[accuracy] {name}: {task.metric} {result[task.metric]:.4f}, sent {result['sent_bytes'] / 1e6:.1f} MB "
-          f"vs dense {result['dense_bytes'] / 1e6:.1f} MB, {seconds:.0f} s", flush=True)
+    result["final_bytes_per_step"] = final_mask_bytes_per_step(result.pop("history", []))
+    print(f"[accuracy] {run.name}: {run.task.metric} {result[run.task.metric]:.4f}, sent "
+          f"{result['sent_bytes'] / 1e6:.1f} MB vs dense {result['dense_bytes'] / 1e6:.1f} MB, {seconds:.0f} s", flush=True)
     return dict(base, **result)
 
 
 # -- reporting ------------------------------------------------------------------------------------
-def baseline(runs: list[dict], task: Task) -> dict | None:
-    return next((r for r in runs if r["task"] == task.name and r["sparsity_target"] == 0 and "error" not in r), None)
+def settings_of(run: dict) -> tuple:
+    return run["task"], run["sparsity_target"], run.get("values", "fp32"), run.get("ranking", "layer")
+
+
+def grouped(runs: list[dict], task: Task) -> dict[tuple, list[dict]]:
+    """Finished runs of ``task`` by setting (sparsity, values, ranking), seeds together, in run order."""
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        if run["task"] == task.name and "error" not in run:
+            groups.setdefault(settings_of(run)[1:], []).append(run)
+    return groups
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
 
 
 def markdown_table(runs: list[dict], task: Task) -> str:
-    dense = baseline(runs, task)
-    lines = [f"### {task.label}", "",
-             f"| target sparsity | values | reached | {task.metric} | vs dense | sent MB | dense MB | ratio | "
-             "ring MB/worker | train s | wall s |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for run in (r for r in runs if r["task"] == task.name):
-        if "error" in run:
-            lines.append(f"| {run['sparsity_target']:g} | {run['values']} | failed: {run['error']} (see {run['log']}) "
-                         "||||||||||")
-            continue
-        value = run[task.metric]
-        delta = f"{value - dense[task.metric]:+.4f}" if dense else "n/a"
+    groups = grouped(runs, task)
+    dense = groups.get((0.0, "fp32", "layer"))
+    dense_metric = mean([r[task.metric] for r in dense]) if dense else None
+    parameters = next((r["parameters"] for g in groups.values() for r in g if "parameters" in r), None)
+    lines = [f"### {task.label}", "", f"{parameters:,} parameters." if parameters else "", "",
+             f"| sparsity | ranking | values | reached | {task.metric} (mean) | per seed | vs dense | "
+             "sent MB/run | kB/step, final masks | dense kB/step | train s (mean) |",
+             "|---:|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for (sparsity, values, ranking), group in groups.items():
+        metric = mean([r[task.metric] for r in group])
+        if dense_metric is None:
+            delta = "n/a"
+        elif task.higher_is_better:
+            delta = f"{100 * (metric - dense_metric):+.2f} pp"
+        else:
+            delta = f"{100 * (metric / dense_metric - 1):+.1f} %"
+        per_step = [r["final_bytes_per_step"] for r in group if r.get("final_bytes_per_step")]
+        dense_per_step = mean([r["dense_bytes"] / r["steps"] for r in group])
         lines.append(
-            f"| {run['sparsity_target']:g} | {run['values']} | {run['sparsity']:.3f} | {value:.4f} | {delta} | "
-            f"{run['sent_bytes'] / 1e6:.1f} | {run['dense_bytes'] / 1e6:.1f} | {run['compression_ratio']:.2f}x | "
-            f"{run['ring_bytes_per_worker'] / 1e6:.1f} | {run['wall_seconds']:.0f} | {run['launcher_seconds']:.0f} |")
+            f"| {sparsity:g} | {ranking} | {values} | {mean([r['sparsity'] for r in group]):.3f} | {metric:.4f} | "
+            + ", ".join(f"{r[task.metric]:.4f}" for r in group) + f" | {delta} | "
+            f"{mean([r['sent_bytes'] for r in group]) / 1e6:.0f} | "
+            + (f"{mean(per_step) / 1e3:.0f}" if per_step else "n/a")
+            + f" | {dense_per_step / 1e3:.0f} | {mean([r['wall_seconds'] for r in group]):.0f} |")
+    failed = [r for r in runs if r["task"] == task.name and "error" in r]
+    lines += [f"\nFailed: {r['log']} ({r['error']})" for r in failed]
     return "\n".join(lines)
 
 
 def write_markdown(path: Path, runs: list[dict], settings: dict) -> None:
     header = [
         "# Accuracy: dense Horovod vs PacTrain", "",
-        f"{settings['np']} workers (horovodrun, Gloo), seed {settings['seed']}, same hyperparameters in every run; "
-        f"only `--sparsity` and `--values` change. Fashion-MNIST: {settings['epochs']} epochs, "
-        f"{settings.get('lr_schedule', 'constant')} learning rate"
+        f"{settings['np']} workers (horovodrun, Gloo), seeds {settings['seeds']}, same hyperparameters in every run; "
+        f"only sparsity, ranking and values change. Image: {settings['epochs']} epochs, cosine learning rate"
         + (f" (at most {settings['max_steps']} steps)" if settings["max_steps"] else "")
-        + f"; char-LM: {settings['lm_epochs']} epochs"
+        + f"; language: {settings['lm_epochs']} epoch"
         + (f" (at most {settings['lm_max_steps']} steps)" if settings["lm_max_steps"] else "")
-        + f"; `--fp16`: {settings['fp16']}.", "",
-        "*sent MB*: bytes each worker handed to the all-reduce over the run; *dense MB*: the same for a dense "
-        "all-reduce of every gradient; *ring MB/worker*: what ring all-reduce puts on each worker's link, "
-        "2(n-1)/n x sent; *train s*: the example's training-loop time; *wall s*: the whole launch.", "",
+        + f", cosine; `--fp16`: {settings['fp16']}. Pruning runs from 10 % to 60 % of the steps "
+        "(`total_steps=`, the default window).", "",
+        "*sent MB/run*: bytes each worker handed to the all-reduce over the run; *kB/step, final masks*: the same "
+        "per step in the last epoch; *dense kB/step*: a dense all-reduce of every gradient; *train s*: the "
+        "example's training-loop time.", "",
     ]
     tables = [markdown_table(runs, TASKS[name]) for name in settings["tasks"]]
     path.write_text("\n".join(header) + "\n" + "\n\n".join(tables) + "\n")
@@ -192,29 +244,41 @@ def write_plot(path: Path, runs: list[dict], task_names: list[str]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(2, len(task_names), figsize=(5.5 * len(task_names), 7), squeeze=False)
-    for column, name in enumerate(task_names):
+    figure, axes = plt.subplots(1, len(task_names), figsize=(5.5 * len(task_names), 4), squeeze=False)
+    for axis, name in zip(axes[0], task_names):
         task = TASKS[name]
-        done = sorted((r for r in runs if r["task"] == name and "error" not in r), key=lambda r: r["sparsity_target"])
-        top, bottom = axes[0][column], axes[1][column]
-        for values in dict.fromkeys(r.get("values", "fp32") for r in done if r["sparsity_target"] > 0):
-            line = [r for r in done if r["sparsity_target"] == 0 or r.get("values", "fp32") == values]
-            top.plot([r["sparsity_target"] for r in line], [r[task.metric] for r in line], "o-", label=values)
-        top.legend()
-        top.set_title(task.label)
-        top.set_ylabel(task.metric)
-        labels = [f"{r['sparsity_target']:g}" + ("" if r.get("values", "fp32") == "fp32" else f" {r['values']}")
-                  for r in done]
-        bottom.bar(labels, [r["sent_bytes"] / 1e6 for r in done], color="tab:orange", label="sent")
-        bottom.plot(labels, [r["dense_bytes"] / 1e6 for r in done], "k--", label="dense")
-        bottom.set_xlabel("target sparsity")
-        bottom.set_ylabel("all-reduce MB per worker (run total)")
-        bottom.legend()
-        top.set_xlabel("target sparsity")
-        top.grid(alpha=0.3)
+        groups = grouped(runs, task)
+        dense = groups.get((0.0, "fp32", "layer"), [])
+        for variant in dict.fromkeys((values, ranking) for (s, values, ranking) in groups if s > 0):
+            points = {s: g for (s, *rest), g in groups.items() if tuple(rest) == variant}
+            points.update({0.0: dense} if dense else {})
+            xs = sorted(points)
+            axis.plot(xs, [mean([r[task.metric] for r in points[x]]) for x in xs], "o-", label=" ".join(variant))
+            for x in xs:
+                axis.scatter([x] * len(points[x]), [r[task.metric] for r in points[x]], s=8, color="grey")
+        axis.set_title(task.label, fontsize=9)
+        axis.set_xlabel("target sparsity")
+        axis.set_ylabel(task.metric)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+# Settings that every run of one report shares; the rest (sparsities, seeds, ...) only say what to run.
+PROTOCOL = ("np", "epochs", "lm_epochs", "max_steps", "lm_max_steps", "lm_val_batches", "fp16")
+
+
+def previous_runs(path: Path, protocol: dict) -> dict[str, dict]:
+    """Finished runs of an earlier invocation into the same folder, by name: a report grows in parts."""
+    if not path.is_file():
+        return {}
+    record = json.loads(path.read_text())
+    theirs = {key: record["settings"].get(key) for key in PROTOCOL}
+    if theirs != protocol:
+        sys.exit(f"accuracy: {path} was made with {theirs}, this run asks for {protocol}: use another --out")
+    return {run["name"]: run for run in record["runs"] if "name" in run and "error" not in run}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,17 +286,25 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     for folder in (out, out / "runs", out / "logs"):
         folder.mkdir(parents=True, exist_ok=True)
-    settings = {key: getattr(args, key) for key in ("np", "seed", "epochs", "lm_epochs", "max_steps", "lm_max_steps",
-                                                    "lm_val_batches", "fp16", "values", "sparsities", "tasks",
-                                                    "lr_schedule")}
-    runs = []
-    for name, sparsity, values in planned_runs(args):
-        runs.append(run_one(TASKS[name], sparsity, values, args, out))
-        (out / "results.json").write_text(json.dumps({"settings": settings, "runs": runs}, indent=2) + "\n")
-    write_markdown(out / "results.md", runs, settings)
-    write_plot(out / "accuracy.png", runs, args.tasks)
+    protocol = {key: getattr(args, key) for key in PROTOCOL}
+    runs = previous_runs(out / "results.json", protocol)
+    settings = dict(protocol, tasks=sorted({r["task"] for r in runs.values()} | set(args.tasks)),
+                    load_before=os.getloadavg())
+    for run in planned_runs(args):
+        if run.name in runs:
+            print(f"[accuracy] {run.name}: kept from {out / 'results.json'}", flush=True)
+            continue
+        runs[run.name] = run_one(run, args, out)
+        settings["seeds"] = sorted({r["seed"] for r in runs.values()})
+        (out / "results.json").write_text(json.dumps({"settings": settings, "runs": list(runs.values())}, indent=2)
+                                          + "\n")
+        write_markdown(out / "results.md", list(runs.values()), settings)
+    settings.update(seeds=sorted({r["seed"] for r in runs.values()}), load_after=os.getloadavg())
+    (out / "results.json").write_text(json.dumps({"settings": settings, "runs": list(runs.values())}, indent=2) + "\n")
+    write_markdown(out / "results.md", list(runs.values()), settings)
+    write_plot(out / "accuracy.png", list(runs.values()), settings["tasks"])
     print(f"[accuracy] wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'accuracy.png'}")
-    failed = [run_name(TASKS[r["task"]], r["sparsity_target"], r["values"]) for r in runs if "error" in r]
+    failed = [r["log"] for r in runs.values() if "error" in r]
     if failed:
         print(f"[accuracy] FAILED runs: {', '.join(failed)}")
         return 1

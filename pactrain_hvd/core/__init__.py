@@ -4,7 +4,7 @@ from pactrain_hvd.core.accounting import StepStats, TensorStats, ring_allreduce_
 from pactrain_hvd.core.config import PacTrainConfig
 from pactrain_hvd.core.errors import CheckpointError, MaskMismatchError, WorldSizeChangedWarning
 from pactrain_hvd.core.fingerprint import check_fingerprints, describe_mismatches, fingerprint_table, mask_fingerprint
-from pactrain_hvd.core.masks import magnitude_masks, num_to_keep, prunable_predicate, validate_mask
+from pactrain_hvd.core.masks import erk_sparsities, magnitude_masks, num_to_keep, prunable_predicate, validate_mask
 from pactrain_hvd.core.plan import should_pack
 from pactrain_hvd.core.resume import check_saved_world_size, saved_by_this_rank, while_running
 from pactrain_hvd.core.schedule import PolynomialSchedule
@@ -23,6 +23,7 @@ __all__ = [
     "while_running",
     "describe_mismatches",
     "fingerprint_table",
+    "erk_sparsities",
     "magnitude_masks",
     "mask_fingerprint",
     "num_to_keep",

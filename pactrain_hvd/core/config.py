@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pactrain_hvd.core.masks import RANKINGS
 from pactrain_hvd.core.plan import DEFAULT_MAX_DENSITY, DEFAULT_MIN_NUMEL
-from pactrain_hvd.core.schedule import PolynomialSchedule
+from pactrain_hvd.core.schedule import PolynomialSchedule, schedule_steps
 
 # Re-proving masks costs one small allgather plus a hash of the surviving positions; every
 # 100 steps it stays far below 1 % of training time (README, "What packing costs", "Mask Tracker": 0.01 % on ResNet-18).
@@ -42,8 +43,8 @@ class PacTrainConfig:
             raise TypeError(f"sparsity must be a number in [0, 1), got {self.sparsity!r}")
         if not 0.0 <= self.sparsity < 1.0:
             raise ValueError(f"sparsity must be in [0, 1), got {self.sparsity!r}")
-        if self.ranking not in ("layer", "global"):
-            raise ValueError(f"ranking must be 'layer' or 'global', got {self.ranking!r}")
+        if self.ranking not in RANKINGS:
+            raise ValueError(f"ranking must be one of {', '.join(map(repr, RANKINGS))}, got {self.ranking!r}")
         for name in ("pack_min_numel", "verify_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -60,11 +61,14 @@ class PacTrainConfig:
 
     @classmethod
     def from_arguments(cls, pack_min_numel: int | None = None, pack_max_density: float | None = None,
-                       **settings: Any) -> PacTrainConfig:
-        """The frontends' arguments, where ``None`` for a plan threshold means its default."""
+                       total_steps: int | None = None, begin_step: int | None = None, end_step: int | None = None,
+                       frequency: int | None = None, **settings: Any) -> PacTrainConfig:
+        """The frontends' arguments, where ``None`` means the default: for a plan threshold its
+        constant, for the schedule's steps the run's share (``schedule_steps``)."""
         plan = {k: v for k, v in (("pack_min_numel", pack_min_numel), ("pack_max_density", pack_max_density))
                 if v is not None}
-        return cls(**settings, **plan)
+        begin_step, end_step, frequency = schedule_steps(total_steps, begin_step, end_step, frequency)
+        return cls(**settings, **plan, begin_step=begin_step, end_step=end_step, frequency=frequency)
 
     @property
     def schedule(self) -> PolynomialSchedule:

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+RANKINGS = ("layer", "erk", "global")  # how a target sparsity is spread over tensors
+
 
 def num_to_keep(numel: int, sparsity: float) -> int:
     """Surviving coordinates of a tensor at ``sparsity``: round(numel * (1 - s)), at least 1."""
@@ -38,6 +40,24 @@ def _top_mask(scores: np.ndarray, keep: int) -> np.ndarray:
     return mask
 
 
+def erk_sparsities(shapes: Mapping[str, tuple[int, ...]], sparsity: float) -> dict[str, float]:
+    """Per-tensor sparsities of the Erdős-Rényi-Kernel rule (Evci et al. 2020, RigL): density
+    proportional to ``sum(shape) / prod(shape)``, scaled so that the tensors together reach
+    ``sparsity``; a tensor whose density would pass 1 stays dense and the rest make up for it."""
+    sizes = {name: int(np.prod(shape)) for name, shape in shapes.items()}
+    weights = {name: sum(shape) / sizes[name] for name, shape in shapes.items() if sizes[name]}
+    dense: set[str] = set()
+    while True:
+        budget = (1.0 - sparsity) * sum(sizes.values()) - sum(sizes[name] for name in dense)
+        rest = {name: w for name, w in weights.items() if name not in dense}
+        scale = budget / sum(w * sizes[name] for name, w in rest.items()) if rest else 0.0
+        overflow = {name for name, w in rest.items() if scale * w >= 1.0}
+        if not overflow:
+            break
+        dense |= overflow
+    return {name: 0.0 if name in dense or not sizes[name] else 1.0 - scale * weights[name] for name in shapes}
+
+
 def magnitude_masks(
     weights: Mapping[str, np.ndarray],
     sparsity: float,
@@ -46,16 +66,19 @@ def magnitude_masks(
 ) -> dict[str, np.ndarray]:
     """Boolean masks keeping the largest-magnitude weights.
 
-    ``ranking="layer"`` keeps ``num_to_keep`` per tensor; ``"global"`` ranks all tensors
-    together (each still keeps at least one coordinate). A coordinate pruned in
-    ``previous`` stays pruned.
+    ``ranking="layer"`` keeps ``num_to_keep`` per tensor; ``"erk"`` the same at each tensor's
+    ``erk_sparsities`` share; ``"global"`` ranks all tensors together (each still keeps at least
+    one coordinate). A coordinate pruned in ``previous`` stays pruned.
     """
-    if ranking not in ("layer", "global"):
-        raise ValueError(f"ranking must be 'layer' or 'global', got {ranking!r}")
+    if ranking not in RANKINGS:
+        raise ValueError(f"ranking must be one of {', '.join(map(repr, RANKINGS))}, got {ranking!r}")
     previous = previous or {}
     scores = {name: _scores(np.asarray(w), previous.get(name)) for name, w in weights.items()}
     if ranking == "layer":
         flat = {name: _top_mask(s, _keep(s, sparsity)) for name, s in scores.items()}
+    elif ranking == "erk":
+        shares = erk_sparsities({name: np.shape(w) for name, w in weights.items()}, sparsity)
+        flat = {name: _top_mask(s, _keep(s, shares[name])) for name, s in scores.items()}
     else:
         names = list(scores)
         joined = np.concatenate([scores[n] for n in names]) if names else np.zeros(0)

@@ -100,14 +100,15 @@ def _validate_groups(groups: Any) -> None:
 
 def _checked_arguments(*, compression: Any, op: Any, gradient_predivide_factor: float, groups: Any, values: str,
                        process_set: Any, prunable: Prunable, sparsity: float, masks: Any, continue_pruning: bool,
-                       begin_step: int, end_step: int, frequency: int, ranking: str, verify_every: int,
+                       begin_step: int | None, end_step: int | None, frequency: int | None,
+                       total_steps: int | None, ranking: str, verify_every: int,
                        pack_min_numel: int | None, pack_max_density: float | None,
                        **_unchecked: Any) -> tuple[PacTrainConfig, PendingMasks | None]:
     """``PacTrainState``'s arguments checked, before anything is created or communicated: its config and
     given masks."""
     config = PacTrainConfig.from_arguments(
         sparsity=schedule_sparsity(sparsity, masks is not None, continue_pruning), begin_step=begin_step,
-        end_step=end_step, frequency=frequency, ranking=ranking, verify_every=verify_every,
+        end_step=end_step, frequency=frequency, total_steps=total_steps, ranking=ranking, verify_every=verify_every,
         pack_min_numel=pack_min_numel, pack_max_density=pack_max_density,
     )
     own_masks = PendingMasks(masks) if masks is not None else None
@@ -148,7 +149,7 @@ class PacTrainState(tf.train.experimental.PythonState):
     Takes Horovod's reduction arguments (``compression``, ``op``, ``gradient_predivide_factor``,
     ``groups``, ``sparse_as_dense``, ``process_set``, ``device_dense``, ``device_sparse``,
     ``scale_local_gradients``) and PacTrain's (``sparsity``, ``begin_step``, ``end_step``,
-    ``frequency``, ``prunable``: a predicate ``(name, variable) -> bool`` or glob patterns,
+    ``frequency``, ``total_steps``, ``prunable``: a predicate ``(name, variable) -> bool`` or glob patterns,
     ``ranking``, ``pack_min_numel``, ``pack_max_density``, ``verify_every``; as in
     ``pactrain_hvd.torch.DistributedOptimizer``). ``optimizer``: whose slots (momentum, Adam
     moments) are zeroed at newly pruned coordinates when masks change. ``masks``: bring your own
@@ -187,9 +188,10 @@ class PacTrainState(tf.train.experimental.PythonState):
         device_sparse: str = "",
         scale_local_gradients: bool = True,
         sparsity: float = 0.9,
-        begin_step: int = 0,
-        end_step: int = 1000,
-        frequency: int = 100,
+        begin_step: int | None = None,
+        end_step: int | None = None,
+        frequency: int | None = None,
+        total_steps: int | None = None,
         prunable: Prunable = None,
         ranking: str = "layer",
         pack_min_numel: int | None = None,

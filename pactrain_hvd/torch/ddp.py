@@ -80,7 +80,7 @@ class PacTrainHookState:
     """What ``pactrain_hook`` keeps between steps: schedule position, masks, bucket plans, wire accounting.
 
     Takes the PacTrain arguments of ``pt.DistributedOptimizer`` (``sparsity``, ``begin_step``,
-    ``end_step``, ``frequency``, ``prunable``, ``ranking``, ``pack_min_numel``, ``pack_max_density``,
+    ``end_step``, ``frequency``, ``total_steps``, ``prunable``, ``ranking``, ``pack_min_numel``, ``pack_max_density``,
     ``verify_every``) plus ``process_group`` (DDP's; default: the world) and ``packed_values``:
     how surviving values travel (dense buckets travel as DDP sends them): ``"fp32"``, ``"fp16"``, or
     ``"ternary"``, the Horovod frontend's shared-scale stochastic ternary with error feedback in int32
@@ -92,9 +92,10 @@ class PacTrainHookState:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         sparsity: float = 0.9,
-        begin_step: int = 0,
-        end_step: int = 1000,
-        frequency: int = 100,
+        begin_step: int | None = None,
+        end_step: int | None = None,
+        frequency: int | None = None,
+        total_steps: int | None = None,
         prunable: Prunable = None,
         ranking: str = "layer",
         pack_min_numel: int | None = None,
@@ -104,7 +105,8 @@ class PacTrainHookState:
         packed_values: str = "fp32",
     ) -> None:
         self.config = PacTrainConfig.from_arguments(
-            sparsity=sparsity, begin_step=begin_step, end_step=end_step, frequency=frequency, ranking=ranking,
+            sparsity=sparsity, begin_step=begin_step, end_step=end_step, frequency=frequency,
+            total_steps=total_steps, ranking=ranking,
             verify_every=verify_every, pack_min_numel=pack_min_numel, pack_max_density=pack_max_density)
         if packed_values not in PACKED_VALUES:
             raise ValueError(f"packed_values must be one of {', '.join(map(repr, PACKED_VALUES))}, got {packed_values!r}")

@@ -109,8 +109,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
       ``0`` behaves exactly like ``hvd.DistributedOptimizer``.
     - ``begin_step``, ``end_step``, ``frequency``: the cubic schedule (masks are recomputed
       at the start of those optimizer steps, frozen after ``end_step``).
+    - ``total_steps``: the run's optimizer steps; the schedule steps not given follow it (prune
+      from 10 % to 60 % of the run in ten updates). Without it: steps 0 to 1000, every 100.
     - ``prunable``: predicate ``(name, param) -> bool`` or glob patterns; default: >= 2-D weights.
-    - ``ranking``: ``"layer"`` (each tensor to the target) or ``"global"``.
+    - ``ranking``: ``"layer"`` (each tensor to the target), ``"erk"`` (Erdős-Rényi-Kernel shares:
+      large tensors pruned more) or ``"global"`` (one magnitude threshold).
     - ``pack_min_numel``, ``pack_max_density``: the adaptive plan (pack only where it pays).
     - ``verify_every``: also prove masks agree every N steps, before that step's first
       all-reduce (0: only after mask changes).
@@ -125,7 +128,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     Example::
 
-        >>> opt = pt.DistributedOptimizer(opt, named_parameters=model.named_parameters(), sparsity=0.9)
+        >>> opt = pt.DistributedOptimizer(opt, named_parameters=model.named_parameters(), sparsity=0.9,
+        ...                               total_steps=epochs * len(train_loader))
         >>> hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         >>> loss.backward(); opt.step()   # the loop is unchanged
     """
@@ -144,9 +148,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         process_set: hvd.ProcessSet = hvd.global_process_set,
         *,
         sparsity: float = 0.9,
-        begin_step: int = 0,
-        end_step: int = 1000,
-        frequency: int = 100,
+        begin_step: int | None = None,
+        end_step: int | None = None,
+        frequency: int | None = None,
+        total_steps: int | None = None,
         prunable: Prunable = None,
         ranking: str = "layer",
         pack_min_numel: int | None = None,
@@ -167,7 +172,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         parameters = _named_parameters(optimizer, named_parameters)
         self.config = PacTrainConfig.from_arguments(
             sparsity=schedule_sparsity(sparsity, masks is not None, continue_pruning), begin_step=begin_step,
-            end_step=end_step, frequency=frequency, ranking=ranking, verify_every=verify_every,
+            end_step=end_step, frequency=frequency, total_steps=total_steps, ranking=ranking, verify_every=verify_every,
             pack_min_numel=pack_min_numel, pack_max_density=pack_max_density,
         )
         if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) or backward_passes_per_step <= 0:

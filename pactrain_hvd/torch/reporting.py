@@ -1,8 +1,7 @@
-"""What the examples report on rank 0: the default pruning window, TensorBoard scalars, wire bytes."""
+"""What the examples report on rank 0: TensorBoard scalars and wire bytes."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 import types
 
@@ -10,14 +9,6 @@ import horovod.torch as hvd
 import torch
 
 from pactrain_hvd.core import ring_allreduce_bytes
-
-
-def pruning_steps(args: argparse.Namespace, total_steps: int) -> tuple[int, int, int]:
-    """(begin, end, frequency): explicit flags, else prune from 10 % to 60 % of the run in ten updates."""
-    begin = args.prune_begin if args.prune_begin is not None else total_steps // 10
-    end = args.prune_end if args.prune_end is not None else max(begin, (total_steps * 6) // 10)
-    frequency = args.prune_frequency if args.prune_frequency is not None else max(1, (end - begin) // 10)
-    return begin, end, frequency
 
 
 def tensorboard_writer(logdir: str):

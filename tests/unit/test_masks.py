@@ -5,6 +5,7 @@ from pactrain_hvd.core import (
     MaskMismatchError,
     check_fingerprints,
     describe_mismatches,
+    erk_sparsities,
     fingerprint_table,
     magnitude_masks,
     mask_fingerprint,
@@ -116,3 +117,18 @@ def test_validate_mask_names_tensor_and_problem():
         validate_mask("fc.weight", np.ones(3, dtype=np.float32), (3,))
     with pytest.raises(ValueError, match="all zeros"):
         validate_mask("fc.weight", np.zeros(3, dtype=bool), (3,))
+
+
+def test_erk_prunes_large_tensors_more_and_hits_the_overall_target():
+    shapes = {"conv": (64, 32, 3, 3), "fc1": (1024, 3136), "fc2": (10, 1024)}
+    shares = erk_sparsities(shapes, 0.9)
+    sizes = {name: np.prod(shape) for name, shape in shapes.items()}
+    kept = sum(sizes[name] * (1 - shares[name]) for name in shapes)
+    assert kept == pytest.approx(0.1 * sum(sizes.values()))
+    assert shares["fc1"] > 0.9 > shares["conv"] >= 0.0
+    assert shares["fc2"] == 0.0  # its ERK density passes 1: kept dense, the others make up for it
+    rng = np.random.default_rng(0)
+    weights = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+    masks = magnitude_masks(weights, 0.9, ranking="erk")
+    assert sum(int(m.sum()) for m in masks.values()) == pytest.approx(0.1 * sum(sizes.values()), rel=1e-4)
+    assert masks["fc2"].all()

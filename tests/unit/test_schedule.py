@@ -1,6 +1,8 @@
 import pytest
 
 from pactrain_hvd.core import PolynomialSchedule
+from pactrain_hvd.core.config import PacTrainConfig
+from pactrain_hvd.core.schedule import schedule_steps
 
 
 def test_cubic_targets_match_zhu_gupta():
@@ -49,3 +51,31 @@ def test_bad_arguments_name_the_argument(kwargs, message):
 def test_non_integer_step_is_rejected():
     with pytest.raises(TypeError, match="frequency must be an int"):
         PolynomialSchedule(final_sparsity=0.5, frequency=2.5)
+
+
+def test_total_steps_places_the_window_in_the_run():
+    assert schedule_steps(total_steps=1000) == (100, 600, 50)
+    assert schedule_steps(total_steps=7) == (0, 4, 1)
+    assert schedule_steps() == (0, 1000, 100)  # the fixed clock without a run length
+
+
+def test_given_steps_win_over_the_run_window():
+    assert schedule_steps(total_steps=1000, end_step=300) == (100, 300, 20)
+    assert schedule_steps(total_steps=1000, begin_step=0, frequency=7) == (0, 600, 7)
+    assert schedule_steps(begin_step=5) == (5, 1000, 100)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(total_steps=0), ValueError, "total_steps must be a positive int"),
+    (dict(total_steps=10.0), ValueError, "total_steps must be a positive int"),
+    (dict(total_steps=10, end_step="5"), TypeError, "end_step must be an int, got str"),
+])
+def test_bad_run_arguments_name_the_argument(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        schedule_steps(**kwargs)
+
+
+def test_config_follows_total_steps():
+    schedule = PacTrainConfig.from_arguments(sparsity=0.9, total_steps=2000).schedule
+    assert (schedule.begin_step, schedule.end_step, schedule.frequency) == (200, 1200, 100)
+    assert schedule.target(1200) == pytest.approx(0.9) and schedule.target(200) == 0.0

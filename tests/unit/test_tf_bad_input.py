@@ -29,7 +29,7 @@ def horovod():
     (dict(sparsity="0.9"), TypeError, "sparsity must be a number"),
     (dict(begin_step=10, end_step=5), ValueError, r"end_step \(5\) must be >= begin_step \(10\)"),
     (dict(frequency=-1), ValueError, "frequency must be > 0, got -1"),
-    (dict(ranking="row"), ValueError, "ranking must be 'layer' or 'global', got 'row'"),
+    (dict(ranking="row"), ValueError, "ranking must be one of 'layer', 'erk', 'global', got 'row'"),
     (dict(verify_every=-1), ValueError, "verify_every must be >= 0"),
     (dict(verify_every=2.5), TypeError, "verify_every must be an int, got 2.5"),
     (dict(pack_min_numel=-1), ValueError, "pack_min_numel must be >= 0"),

@@ -275,9 +275,10 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
     process_set: hvd.ProcessSet = hvd.global_process_set,
     scale_local_gradients: bool = True,
     sparsity: float = 0.9,
-    begin_step: int = 0,
-    end_step: int = 1000,
-    frequency: int = 100,
+    begin_step: int | None = None,
+    end_step: int | None = None,
+    frequency: int | None = None,
+    total_steps: int | None = None,
     prunable: Prunable = None,
     ranking: str = "layer",
     pack_min_numel: int | None = None,
@@ -291,7 +292,7 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
 
     Takes every argument of Horovod's with the same defaults, plus PacTrain's (see
     ``PacTrainState``): ``sparsity`` (``0`` behaves like Horovod's optimizer), ``begin_step``,
-    ``end_step``, ``frequency``, ``prunable``, ``ranking``, ``pack_min_numel``,
+    ``end_step``, ``frequency``, ``total_steps``, ``prunable``, ``ranking``, ``pack_min_numel``,
     ``pack_max_density``, ``verify_every``, ``masks``, ``continue_pruning`` (bring your own mask:
     a dict, or the model wrapped by tfmot's ``prune_low_magnitude``) and ``values`` (``"fp32"``,
     ``"fp16"`` or ``"ternary"``: how packed values travel). Works with Keras 3 and tf-keras 2 optimizers, in
@@ -332,7 +333,7 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
         compression=compression, sparse_as_dense=sparse_as_dense, op=op,
         gradient_predivide_factor=gradient_predivide_factor, groups=groups, process_set=process_set,
         device_dense=device_dense, device_sparse=device_sparse, scale_local_gradients=scale_local_gradients,
-        sparsity=sparsity, begin_step=begin_step, end_step=end_step, frequency=frequency, prunable=prunable,
+        sparsity=sparsity, begin_step=begin_step, end_step=end_step, frequency=frequency, total_steps=total_steps, prunable=prunable,
         ranking=ranking, pack_min_numel=pack_min_numel, pack_max_density=pack_max_density, verify_every=verify_every,
         masks=masks, continue_pruning=continue_pruning, values=values,
     )

@@ -1,0 +1,46 @@
+"""The accuracy report's plan and table (scripts/accuracy.py), on made-up run results."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "accuracy.py"
+spec = importlib.util.spec_from_file_location("accuracy", SCRIPT)
+accuracy = sys.modules.setdefault("accuracy", importlib.util.module_from_spec(spec))
+spec.loader.exec_module(accuracy)
+
+
+def test_plan_runs_dense_once_per_seed_and_every_variant_per_seed():
+    args = accuracy.parse_args(["--tasks", "image", "--sparsities", "0", "0.9", "--rankings", "layer", "erk"])
+    names = [run.name for run in accuracy.planned_runs(args)]
+    assert names == ["image-s0-seed1", "image-s0-seed2", "image-s0.9-seed1", "image-s0.9-seed2",
+                     "image-s0.9-erk-seed1", "image-s0.9-erk-seed2"]
+    flags = accuracy.example_args(accuracy.planned_runs(args)[4], args, Path("r.json"))
+    assert flags[:2] == ["--model", "vgg"] and flags[flags.index("--ranking") + 1] == "erk"
+    assert flags[flags.index("--seed") + 1] == "1"
+
+
+def made_up(sparsity, seed, metric, ranking="layer"):
+    return {"task": "image", "sparsity_target": sparsity, "values": "fp32", "ranking": ranking, "seed": seed,
+            "sparsity": sparsity, "test_accuracy": metric, "sent_bytes": 4e6, "dense_bytes": 8e6, "steps": 4,
+            "final_bytes_per_step": 5e5, "wall_seconds": 10.0, "parameters": 4_340_000}
+
+
+def test_table_averages_seeds_and_compares_with_the_dense_mean():
+    runs = [made_up(0.0, 1, 0.92), made_up(0.0, 2, 0.93), made_up(0.9, 1, 0.921), made_up(0.9, 2, 0.92),
+            {"task": "image", "sparsity_target": 0.95, "error": "exit 1", "log": "x.log"}]
+    table = accuracy.markdown_table(runs, accuracy.TASKS["image"])
+    dense_row, sparse_row = [line for line in table.splitlines() if line.startswith("| 0")]
+    assert "| 0.9250 | 0.9200, 0.9300 | +0.00 pp |" in dense_row
+    assert "| 0.9205 | 0.9210, 0.9200 | -0.45 pp | 4 | 500 | 2000 | 10 |" in sparse_row
+    assert "4,340,000 parameters" in table and "Failed: x.log (exit 1)" in table
+
+
+def test_language_rows_compare_perplexity_in_percent():
+    runs = [dict(made_up(s, 1, 0), task="language", val_perplexity=p) for s, p in ((0.0, 4.0), (0.8, 4.1))]
+    table = accuracy.markdown_table(runs, accuracy.TASKS["language"])
+    assert "| +2.5 % |" in table.splitlines()[-1]
+    with pytest.raises(SystemExit):
+        accuracy.parse_args(["--rankings", "row"])
