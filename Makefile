@@ -9,7 +9,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 # and keeps errors. scripts/test.sh and scripts/accuracy.py use 3 for PyTorch runs under horovodrun.
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install demo test test-compat lint accuracy bench clean docker docker-test
+.PHONY: install demo test test-compat lint accuracy bench tta clean docker docker-test
 
 $(STAMP): scripts/install.sh setup.py
 	bash scripts/install.sh
@@ -32,6 +32,10 @@ test-compat:
 
 accuracy: $(STAMP)
 	$(PY) scripts/accuracy.py
+
+# Time to accuracy on emulated links (root): every method trains the image workload; TTA_ARGS=--quick for a sanity run.
+tta: $(STAMP)
+	$(PY) -m pactrain_hvd.bench tta $(TTA_ARGS)
 
 # The benchmark on emulated links (root: network namespaces, tc); BENCH_ARGS=--quick for a short run.
 bench: $(STAMP)

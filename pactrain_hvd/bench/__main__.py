@@ -4,6 +4,7 @@
     python -m pactrain_hvd.bench                              # the full matrix (long)
     python -m pactrain_hvd.bench --models vgg16 --bandwidths 100mbit --methods dense,pactrain-0.9-fp16
     python -m pactrain_hvd.bench --report-only bench/results/<timestamp>.json
+    python -m pactrain_hvd.bench tta --quick                  # time to accuracy (bench/tta.py)
 
 Every rank gets its own namespace and emulated NIC (veth into a bridge namespace, tbf rate
 limit both ways); Horovod's Gloo rendezvous runs in the bridge namespace. Writes
@@ -85,6 +86,11 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["tta"]:  # time to accuracy: its own arguments (python -m pactrain_hvd.bench tta --help)
+        from pactrain_hvd.bench import tta
+
+        return tta.main(argv[1:])
     args = parse_args(argv)
     if args.report_only:
         results = json.loads(args.report_only.read_text())

@@ -48,10 +48,12 @@ def tx_bytes(device: str) -> int:
 
 
 def make_distributed_optimizer(spec: MethodSpec, optimizer: torch.optim.Optimizer, model: torch.nn.Module,
-                               clock: PhaseClock):
+                               clock: PhaseClock, total_steps: int | None = None):
     """The method's distributed optimizer, with its compression code timed by ``clock``.
 
-    Every method is built with Horovod's defaults (fusion threshold, cycle time) unchanged.
+    Every method is built with Horovod's defaults (fusion threshold, cycle time) unchanged. PacTrain
+    prunes once at step 0 (the throughput benchmark measures the steady state), or with
+    ``total_steps`` gradually over the run, as a user would (``total_steps=``).
     """
     named = list(model.named_parameters())
     if spec.kind == "dense":
@@ -66,10 +68,10 @@ def make_distributed_optimizer(spec: MethodSpec, optimizer: torch.optim.Optimize
     if spec.kind == "pactrain":
         instrument(PacTrainCompressor, ("compress", "decompress"), clock)
         compression = hvd.Compression.fp16 if spec.fp16_values else hvd.Compression.none
-        # One-shot pruning at step 0 (end_step=0): the benchmark measures the steady state.
+        schedule = dict(total_steps=total_steps) if total_steps else dict(begin_step=0, end_step=0)
         return pt.DistributedOptimizer(optimizer, named_parameters=named, compression=compression,
-                                       sparsity=spec.sparsity, begin_step=0, end_step=0, frequency=100,
-                                       values="ternary" if spec.ternary_values else "fp32")
+                                       sparsity=spec.sparsity, values="ternary" if spec.ternary_values else "fp32",
+                                       **schedule)
     raise ValueError(f"no distributed optimizer for method kind {spec.kind!r}")
 
 

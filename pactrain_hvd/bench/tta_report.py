@@ -1,0 +1,152 @@
+"""The time-to-accuracy report from the record of ``tta.py``: one table and one plot per cell.
+
+Targets, per cell: dense fp16's final metric less 0.5 pp of accuracy (or 1 % more perplexity),
+and a lower one that every method reaches (the worst final metric). *At budget*: each method's
+metric at the training time of the fastest run, the same wall clock for all (dense has done
+fewer steps by then). Training time excludes evaluation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PEERS = ("fp16", "topk", "powersgd")
+
+
+def higher_is_better(metric: str) -> bool:
+    return metric != "val_perplexity"
+
+
+def loosen(value: float, metric: str) -> float:
+    """The first target from fp16's final value: 0.5 pp below in accuracy, 1 % above in perplexity."""
+    return value - 0.005 if higher_is_better(metric) else value * 1.01
+
+
+def reaches(value: float, target: float, metric: str) -> bool:
+    return value >= target if higher_is_better(metric) else value <= target
+
+
+def time_to(curve: list[list[float]], target: float, metric: str) -> float | None:
+    """Training seconds at the first evaluation that meets ``target`` (None: never)."""
+    return next((seconds for seconds, _, value, _ in curve if reaches(value, target, metric)), None)
+
+
+def at_budget(curve: list[list[float]], budget_s: float) -> float | None:
+    """The metric of the last evaluation within ``budget_s`` of training."""
+    within = [value for seconds, _, value, _ in curve if seconds <= budget_s * 1.0001]
+    return within[-1] if within else None
+
+
+def targets(cell: dict) -> tuple[float, float]:
+    runs, metric = cell["runs"], next(iter(cell["runs"].values()))["metric"]
+    reference = runs.get("fp16") or runs.get("dense") or next(iter(runs.values()))
+    finals = [run["curve"][-1][2] for run in runs.values()]
+    worst = min(finals) if higher_is_better(metric) else max(finals)
+    return loosen(reference["curve"][-1][2], metric), worst
+
+
+def summarize(cell: dict) -> dict:
+    """Per method: final metric, times to both targets, metric at the budget, throughput, bytes."""
+    runs = cell["runs"]
+    metric = next(iter(runs.values()))["metric"]
+    first, second = targets(cell)
+    budget = min(run["train_s"] for run in runs.values())
+    rows = {}
+    for method, run in runs.items():
+        samples = run["size"] * run["batch_size"] * run["steps"] / run["train_s"]
+        nic = run.get("nic_tx_bytes")
+        rows[method] = {
+            "final": run["curve"][-1][2], "time_to_target": time_to(run["curve"], first, metric),
+            "time_to_lower": time_to(run["curve"], second, metric), "at_budget": at_budget(run["curve"], budget),
+            "train_s": run["train_s"], "samples_per_s": samples,
+            "x_bound": samples / cell["bound"]["samples_per_s"] if cell.get("bound") else None,
+            "nic_mb": sum(nic) / len(nic) / 1e6 if nic else None, "sparsity": run.get("sparsity", 0.0),
+        }
+    return {"metric": metric, "target": first, "lower_target": second, "budget_s": budget, "rows": rows,
+            "verdict": verdict(rows)}
+
+
+def verdict(rows: dict) -> dict:
+    """PacTrain's best setting against the best peer and against fp16, on time to the first target."""
+    def best(names):
+        timed = [(rows[n]["time_to_target"], n) for n in names if rows[n]["time_to_target"] is not None]
+        return min(timed) if timed else (None, None)
+
+    ours = best([name for name in rows if name.startswith("pactrain")])
+    peer = best([name for name in rows if name in PEERS])
+    result = {"pactrain": ours[1], "pactrain_s": ours[0], "peer": peer[1], "peer_s": peer[0]}
+    if ours[0] is not None and peer[0] is not None:
+        result["speedup_over_best_peer"] = peer[0] / ours[0]
+    fp16 = rows.get("fp16", {}).get("time_to_target")
+    if fp16 is not None and ours[0] is not None:
+        result["speedup_over_fp16"] = fp16 / ours[0]
+    return result
+
+
+def seconds(value: float | None) -> str:
+    return "not reached" if value is None else f"{value:.0f} s"
+
+
+def cell_markdown(key: str, cell: dict, summary: dict) -> str:
+    metric = summary["metric"]
+    lines = [f"### {key}: {cell.get('where', '')}", "",
+             f"{cell['steps']} steps per method, evaluation every {cell['eval_every']} (excluded from the clock); "
+             f"concurrent compute bound {cell['bound']['samples_per_s']:.1f} samples/s; load "
+             f"{' '.join(f'{x:.1f}' for x in cell.get('load', []))}. Target {summary['target']:.4f} (dense fp16's "
+             f"final, loosened), lower target {summary['lower_target']:.4f}; budget {summary['budget_s']:.0f} s.", "",
+             f"| method | final {metric} | to target | to lower target | at budget | training s | samples/s | "
+             "x bound | NIC MB/worker |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for method, row in summary["rows"].items():
+        budget = "n/a" if row["at_budget"] is None else f"{row['at_budget']:.4f}"
+        x_bound = "n/a" if row["x_bound"] is None else f"{row['x_bound']:.2f}"
+        nic = "n/a" if row["nic_mb"] is None else f"{row['nic_mb']:.0f}"
+        lines.append(f"| {method} | {row['final']:.4f} | {seconds(row['time_to_target'])} | "
+                     f"{seconds(row['time_to_lower'])} | {budget} | {row['train_s']:.0f} | {row['samples_per_s']:.1f} | "
+                     f"{x_bound} | {nic} |")
+    v = summary["verdict"]
+    if "speedup_over_best_peer" in v:
+        lines += ["", f"PacTrain's best ({v['pactrain']}) reaches the target in {v['pactrain_s']:.0f} s: "
+                      f"{v['speedup_over_best_peer']:.2f}x sooner than the best peer ({v['peer']}, {v['peer_s']:.0f} s)"
+                      + (f", {v['speedup_over_fp16']:.2f}x sooner than fp16." if "speedup_over_fp16" in v else ".")]
+    else:
+        lines += ["", f"No comparison on the target: PacTrain best {v['pactrain']}, best peer {v['peer']}."]
+    return "\n".join(lines)
+
+
+def plot_cell(key: str, cell: dict, summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6.4, 4.0))
+    for method, run in cell["runs"].items():
+        xs, _, ys, _ = zip(*run["curve"])
+        axis.plot(xs, ys, marker="o", markersize=3, label=method, linewidth=2.2 if method.startswith("pactrain") else 1.2)
+    axis.axhline(summary["target"], color="grey", linestyle="--", linewidth=0.8)
+    axis.set_xlabel("training time, s (evaluation excluded)")
+    axis.set_ylabel(summary["metric"])
+    axis.set_xlim(left=0)
+    axis.grid(alpha=0.3)
+    axis.set_title(f"{key}: {cell.get('where', '')}", fontsize=8)
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def write_report(record: dict, out: Path) -> str:
+    """``results.md`` (and a PNG per cell) under ``out``; returns the markdown."""
+    out.mkdir(parents=True, exist_ok=True)
+    parts = ["# Time to accuracy on emulated links", "", __doc__.split("\n\n", 1)[1].strip(), ""]
+    for key, cell in record["cells"].items():
+        if not cell["runs"] or "bound" not in cell:
+            continue
+        summary = summarize(cell)
+        cell["summary"] = summary
+        picture = out / (key.replace("/", "-") + ".png")
+        plot_cell(key, cell, summary, picture)
+        parts += [cell_markdown(key, cell, summary), "", f"![{key}]({picture.name})", ""]
+    markdown = "\n".join(parts)
+    (out / "results.md").write_text(markdown)
+    return markdown

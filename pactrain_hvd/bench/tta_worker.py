@@ -1,0 +1,194 @@
+"""One rank of one time-to-accuracy run: real training of a representative workload with one method.
+
+    ip netns exec ptb-<pid>-w0 env HOROVOD_RANK=0 ... python -m pactrain_hvd.bench.tta_worker \\
+        --workload image --method pactrain-0.9-fp16 --steps 400 --eval-every 50 --out rank0.json
+
+The workloads are the accuracy report's (``scripts/accuracy.py``): the models, data and evaluation
+of ``examples/pytorch_fashion_mnist.py --model vgg`` and of the 5 M-parameter char-GPT of
+``examples/pytorch_char_lm.py``, imported from those files so that there is one definition of each.
+Every method gets the same seed, data order, optimizer and cosine learning rate over ``--steps``;
+PacTrain prunes with ``total_steps=--steps``. Evaluation every ``--eval-every`` steps is excluded
+from the training clock. ``--compute-only``: one process, no Horovod, the plain optimizer (the
+bound). Rank 0 writes the curve: (training seconds, step, metric, this rank's NIC bytes sent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+from pactrain_hvd.bench.methods import parse_method
+from pactrain_hvd.bench.timing import PhaseClock
+from pactrain_hvd.bench.worker import make_distributed_optimizer, nic_counters
+from pactrain_hvd.data import CharVocab, load_bible_text, load_fashion_mnist, random_windows, split_tokens
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+GPT_SIZE = {"embed_dim": 320, "layers": 4, "heads": 4, "block_size": 128}  # scripts/accuracy.py's language task
+
+
+def example(name: str) -> ModuleType:
+    """``examples/<name>.py`` as a module (the examples are scripts, not a package)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+@dataclass
+class Workload:
+    model: torch.nn.Module
+    make_optimizer: Callable[[torch.nn.Module, int], torch.optim.Optimizer]  # (model, world size)
+    next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]]  # this rank's next training batch
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    evaluate: Callable[[str], float]  # the held-out metric over all ranks (a collective under Horovod)
+    metric: str
+    samples_per_step: int  # per worker
+
+
+def image(batch_size: int, eval_samples: int, rank: int, size: int, distributed: bool) -> Workload:
+    fashion = example("pytorch_fashion_mnist")
+    images, labels = load_fashion_mnist("train")
+    train = TensorDataset(torch.from_numpy(images).unsqueeze(1), torch.from_numpy(labels))
+    sampler = DistributedSampler(train, num_replicas=size, rank=rank, shuffle=True, seed=0)
+    loader = DataLoader(train, batch_size=batch_size, sampler=sampler, drop_last=True)
+    images, labels = load_fashion_mnist("test")
+    test = TensorDataset(torch.from_numpy(images[:eval_samples]).unsqueeze(1), torch.from_numpy(labels[:eval_samples]))
+    test_loader = DataLoader(test, batch_size=500, sampler=DistributedSampler(test, size, rank, shuffle=False))
+    state = {"epoch": 0, "batches": iter(())}
+
+    def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
+        batch = next(state["batches"], None)
+        if batch is None:
+            state["epoch"] += 1
+            sampler.set_epoch(state["epoch"])
+            state["batches"] = iter(loader)
+            batch = next(state["batches"])
+        return fashion.to_device(*batch, torch.device("cpu"))
+
+    def evaluate(name: str) -> float:
+        if distributed:
+            return fashion.evaluate(model, test_loader, torch.device("cpu"), name)[1]
+        return float("nan")
+
+    model = fashion.FashionVGG()
+    return Workload(model, lambda m, n: torch.optim.SGD(m.parameters(), lr=0.05 * n, momentum=0.9, weight_decay=5e-4),
+                    next_batch, torch.nn.functional.cross_entropy, evaluate, "test_accuracy", batch_size)
+
+
+def language(batch_size: int, eval_batches: int, rank: int, size: int, distributed: bool, seed: int) -> Workload:
+    lm = example("pytorch_char_lm")
+    text = load_bible_text()
+    vocab = CharVocab.from_text(text)
+    train_ids, val_ids = split_tokens(vocab.encode(text), val_fraction=0.1)
+    rng = np.random.default_rng([seed, rank])
+    block = GPT_SIZE["block_size"]
+    model = lm.CharGPT(vocab.size, block, GPT_SIZE["embed_dim"], GPT_SIZE["layers"], GPT_SIZE["heads"])
+
+    def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = random_windows(train_ids, batch_size, block, rng)
+        return torch.from_numpy(inputs), torch.from_numpy(targets)
+
+    def evaluate(name: str) -> float:
+        if not distributed:
+            return float("nan")
+        settings = SimpleNamespace(batch_size=batch_size, block_size=block, val_batches=eval_batches)
+        return lm.evaluate(model, val_ids, settings, torch.device("cpu"), name)[1]
+
+    return Workload(model, lambda m, n: torch.optim.AdamW(m.parameters(), lr=3e-3, weight_decay=0.01), next_batch,
+                    lm.next_token_loss, evaluate, "val_perplexity", batch_size)
+
+
+def build_workload(args: argparse.Namespace, rank: int, size: int) -> Workload:
+    if args.workload == "image":
+        return image(args.batch_size or 64, args.eval_samples, rank, size, not args.compute_only)
+    return language(args.batch_size or 16, args.eval_batches, rank, size, not args.compute_only, args.seed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if not args.compute_only:
+        hvd.init()
+    rank, size = (hvd.rank(), hvd.size()) if not args.compute_only else (0, 1)
+    torch.manual_seed(args.seed)
+    workload = build_workload(args, rank, size)
+    model = workload.model
+    optimizer = workload.make_optimizer(model, size)
+    # The same schedule for every method: cosine to 0 over the step budget (set on the plain optimizer,
+    # whose param groups every wrapper shares).
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * step / args.steps)))
+    spec = parse_method(args.method)
+    if args.compute_only:
+        trainer = optimizer
+    else:
+        trainer = make_distributed_optimizer(spec, optimizer, model, PhaseClock(), total_steps=args.steps)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    device = args.device if args.device and Path("/sys/class/net", args.device).exists() else ""
+    tx = (lambda: nic_counters(device)["tx_bytes"]) if device else (lambda: 0)
+    tx_start, train_s, curve, step_s, losses = tx(), 0.0, [], [], []
+    for step in range(1, args.steps + 1):
+        started = time.perf_counter()
+        inputs, targets = workload.next_batch()
+        trainer.zero_grad()
+        loss = workload.loss(model(inputs), targets)
+        loss.backward()
+        trainer.step()
+        scheduler.step()
+        step_s.append(time.perf_counter() - started)
+        train_s += step_s[-1]
+        losses.append(float(loss))
+        if not args.compute_only and (step % args.eval_every == 0 or step == args.steps):
+            metric = workload.evaluate(f"tta.eval.{step}")
+            model.train()
+            curve.append([train_s, step, metric, tx() - tx_start])
+            if rank == 0:
+                print(f"step {step}: {workload.metric} {metric:.4f} after {train_s:.1f} s of training", flush=True)
+    stats = trainer.stats() if hasattr(trainer, "stats") else None
+    record = {"workload": args.workload, "method": args.method, "metric": workload.metric, "rank": rank, "size": size,
+              "steps": args.steps, "batch_size": workload.samples_per_step, "seed": args.seed, "curve": curve,
+              "step_s": step_s, "train_s": train_s, "losses": losses[:: max(1, len(losses) // 50)],
+              "parameters": sum(p.numel() for p in model.parameters()),
+              "sparsity": stats["sparsity"] if stats else 0.0, "compute_only": args.compute_only}
+    Path(args.out).write_text(json.dumps(record) + "\n")
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m pactrain_hvd.bench.tta_worker", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=("image", "language"), required=True)
+    parser.add_argument("--method", default="dense")
+    parser.add_argument("--steps", type=int, required=True, help="optimizer steps (the schedules follow them)")
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--eval-samples", type=int, default=10000, help="image: test images per evaluation")
+    parser.add_argument("--eval-batches", type=int, default=20, help="language: validation batches per worker")
+    parser.add_argument("--batch-size", type=int, default=None, help="per worker (image 64, language 16)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--compute-only", action="store_true", help="no Horovod: the compute bound")
+    parser.add_argument("--device", default=os.environ.get("HOROVOD_GLOO_IFACE", ""), help="NIC to count")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.eval_every < 1:
+        parser.error("--steps and --eval-every must be >= 1")
+    return args
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Time to accuracy end to end: ``python -m pactrain_hvd.bench tta --quick`` in a subprocess.
+
+Real training of the image workload (FashionVGG, 4.3 M parameters) for a few steps per method,
+each worker behind its emulated 100 Mbit/s NIC. Asserts bytes and sanity, not speed.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pactrain_hvd.bench.links import namespaces_unavailable
+
+REPO = Path(__file__).resolve().parents[2]
+GRADIENT_MB = 4_337_322 * 4 / 1e6  # FashionVGG's fp32 gradient
+
+pytestmark = pytest.mark.skipif(bool(namespaces_unavailable()), reason=namespaces_unavailable() or "")
+
+
+def test_quick_time_to_accuracy(tmp_path):
+    record_path = tmp_path / "record.json"
+    run = subprocess.run([sys.executable, "-m", "pactrain_hvd.bench", "tta", "--quick", "--record", str(record_path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    cell = json.loads(record_path.read_text())["cells"]["image/100mbit/2w"]
+    assert cell["probed_mbit_per_s"] == pytest.approx(100, rel=0.15)
+    runs = cell["runs"]
+    assert set(runs) == {"dense", "fp16", "topk", "powersgd", "pactrain-0.9-fp16"}
+    for method, result in runs.items():
+        assert [point[1] for point in result["curve"]] == [3, 6], method
+        assert all(0.0 <= point[2] <= 1.0 for point in result["curve"]), method
+        assert result["parameters"] == 4_337_322 and result["size"] == 2
+    nic_mb = {method: sum(r["nic_tx_bytes"]) / 2 / 1e6 for method, r in runs.items()}
+    # Dense ring all-reduce of 2 workers: each sends one gradient per step, plus the start-up broadcast.
+    assert 6 * GRADIENT_MB <= nic_mb["dense"] <= 1.4 * 7 * GRADIENT_MB, nic_mb
+    assert nic_mb["fp16"] == pytest.approx(nic_mb["dense"] / 2, rel=0.25), nic_mb
+    for method in ("topk", "powersgd", "pactrain-0.9-fp16"):
+        assert nic_mb[method] < nic_mb["fp16"], nic_mb
+    assert runs["pactrain-0.9-fp16"]["sparsity"] == pytest.approx(0.9, abs=0.01)
+    report = (tmp_path / "results.md").read_text()
+    assert "| pactrain-0.9-fp16 |" in report and (tmp_path / "image-100mbit-2w.png").is_file()

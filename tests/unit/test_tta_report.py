@@ -1,0 +1,40 @@
+"""The time-to-accuracy report's arithmetic on made-up curves."""
+
+import pytest
+
+from pactrain_hvd.bench.tta_report import at_budget, summarize, time_to
+
+
+def run(curve, metric="test_accuracy", steps=4):
+    return {"metric": metric, "curve": curve, "train_s": curve[-1][0], "size": 2, "batch_size": 64, "steps": steps,
+            "nic_tx_bytes": [2e6, 4e6]}
+
+
+def cell(runs):
+    return {"runs": runs, "bound": {"samples_per_s": 100.0}, "steps": 4, "eval_every": 2}
+
+
+def test_times_to_target_budget_and_speedup():
+    summary = summarize(cell({
+        "dense": run([[40, 2, 0.80, 0], [80, 4, 0.90, 0]]),
+        "fp16": run([[20, 2, 0.80, 0], [40, 4, 0.90, 0]]),
+        "topk": run([[10, 2, 0.70, 0], [20, 4, 0.85, 0]]),
+        "pactrain-0.9-fp16": run([[5, 2, 0.85, 0], [10, 4, 0.896, 0]]),
+    }))
+    assert summary["target"] == pytest.approx(0.895) and summary["lower_target"] == 0.85
+    rows = summary["rows"]
+    assert rows["pactrain-0.9-fp16"]["time_to_target"] == 10 and rows["fp16"]["time_to_target"] == 40
+    assert rows["topk"]["time_to_target"] is None and rows["topk"]["time_to_lower"] == 20
+    assert summary["budget_s"] == 10 and rows["dense"]["at_budget"] is None and rows["topk"]["at_budget"] == 0.70
+    assert rows["fp16"]["samples_per_s"] == pytest.approx(2 * 64 * 4 / 40)
+    assert rows["fp16"]["x_bound"] == pytest.approx(0.128) and rows["fp16"]["nic_mb"] == 3.0
+    assert summary["verdict"] == {"pactrain": "pactrain-0.9-fp16", "pactrain_s": 10, "peer": "fp16", "peer_s": 40,
+                                  "speedup_over_best_peer": 4.0, "speedup_over_fp16": 4.0}
+
+
+def test_perplexity_is_better_lower():
+    curve = [[1, 1, 9.0, 0], [2, 2, 5.0, 0]]
+    assert time_to(curve, 5.05, "val_perplexity") == 2 and time_to(curve, 4.0, "val_perplexity") is None
+    assert at_budget(curve, 1.5) == 9.0
+    summary = summarize(cell({"fp16": run(curve, "val_perplexity"), "dense": run([[3, 2, 6.0, 0]], "val_perplexity")}))
+    assert summary["target"] == pytest.approx(5.05) and summary["lower_target"] == 6.0
