@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import pactrain_hvd.torch as pt
-from pactrain_hvd.core.masks import RANKINGS
+from pactrain_hvd.core.masks import DEFAULT_RANKING, RANKINGS
 from pactrain_hvd.data import CharVocab, load_bible_text, random_windows, sequential_windows, split_tokens
 from pactrain_hvd.progress import Progress
 from pactrain_hvd.torch.reporting import WireTally, global_sum, log_step, tensorboard_writer
@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--values", choices=("fp32", "fp16", "ternary"), default="fp32",
                         help="how PacTrain sends packed (surviving) values; fp32 leaves them to --fp16")
     parser.add_argument("--sparsity", type=float, default=0.9, help="final PacTrain sparsity; 0 is plain Horovod")
-    parser.add_argument("--ranking", choices=RANKINGS, default="layer",
+    parser.add_argument("--ranking", choices=RANKINGS, default=DEFAULT_RANKING,
                         help="how sparsity is spread: per tensor, Erdős-Rényi-Kernel shares, or one global threshold")
     parser.add_argument("--prune-begin", type=int, default=None, help="first pruning step (default: 10%% of the run)")
     parser.add_argument("--prune-end", type=int, default=None, help="last pruning step (default: 60%% of the run)")

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pactrain_hvd.core.masks import RANKINGS
+from pactrain_hvd.core.masks import DEFAULT_RANKING, RANKINGS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fp16", action="store_true", help="fp16 values on the wire in every run")
     parser.add_argument("--values", nargs="+", choices=("fp32", "fp16", "ternary"), default=["fp32"],
                         help="PacTrain packed-value encodings to compare (the examples' --values)")
-    parser.add_argument("--rankings", nargs="+", choices=RANKINGS, default=["layer"],
+    parser.add_argument("--rankings", nargs="+", choices=RANKINGS, default=[DEFAULT_RANKING],
                         help="how sparsity is spread over tensors (the examples' --ranking)")
     parser.add_argument("--out", default=str(REPO_ROOT / "reports" / "accuracy"), help="report folder")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds allowed per run")

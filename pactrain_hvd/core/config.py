@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pactrain_hvd.core.masks import RANKINGS
+from pactrain_hvd.core.masks import DEFAULT_RANKING, RANKINGS  # noqa: F401 (DEFAULT_RANKING: re-exported)
 from pactrain_hvd.core.plan import DEFAULT_MAX_DENSITY, DEFAULT_MIN_NUMEL
 from pactrain_hvd.core.schedule import PolynomialSchedule, schedule_steps
 
@@ -33,7 +33,7 @@ class PacTrainConfig:
     begin_step: int = 0
     end_step: int = 1000
     frequency: int = 100
-    ranking: str = "layer"
+    ranking: str = DEFAULT_RANKING
     pack_min_numel: int = DEFAULT_MIN_NUMEL
     pack_max_density: float = DEFAULT_MAX_DENSITY
     verify_every: int = DEFAULT_VERIFY_EVERY

@@ -9,6 +9,9 @@ from typing import Any
 import numpy as np
 
 RANKINGS = ("layer", "erk", "global")  # how a target sparsity is spread over tensors
+# ERK keeps small tensors (first convolutions, heads) denser; on FashionVGG at 0.9 it costs 0.08 pp of top-1
+# against per-layer's 0.70 (reports/accuracy).
+DEFAULT_RANKING = "erk"
 
 
 def num_to_keep(numel: int, sparsity: float) -> int:

@@ -48,7 +48,7 @@ from pactrain_hvd.core import (
     saved_by_this_rank,
     should_pack,
 )
-from pactrain_hvd.core.config import DEFAULT_VERIFY_EVERY, check_values
+from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY, check_values
 from pactrain_hvd.core.lanes import ternary_layout
 from pactrain_hvd.core.own_masks import schedule_sparsity
 from pactrain_hvd.tensorflow.compression import PACKED, UNMASKED, PacTrainCompressor
@@ -193,7 +193,7 @@ class PacTrainState(tf.train.experimental.PythonState):
         frequency: int | None = None,
         total_steps: int | None = None,
         prunable: Prunable = None,
-        ranking: str = "layer",
+        ranking: str = DEFAULT_RANKING,
         pack_min_numel: int | None = None,
         pack_max_density: float | None = None,
         verify_every: int = DEFAULT_VERIFY_EVERY,

@@ -15,6 +15,16 @@ from pactrain_hvd.torch.lanes import decode, encode
 _WIRE_DTYPE = {torch.bfloat16: torch.float32}
 
 
+def _dense(tensor: torch.Tensor) -> bool:
+    """Non-overlapping and dense (contiguous, channels_last, any permutation): it fills ``numel`` storage slots."""
+    return torch.empty_like(tensor, device="meta").stride() == tensor.stride()
+
+
+def _storage(tensor: torch.Tensor) -> torch.Tensor:
+    """A dense tensor's storage as a 1-D view, in memory order (row-major only when it is contiguous)."""
+    return tensor.view(-1) if tensor.is_contiguous() else tensor.as_strided((tensor.numel(),), (1,), tensor.storage_offset())
+
+
 class TernaryContext(NamedTuple):
     scale: torch.Tensor  # the same on every rank (a MAX over ranks), fp32 scalar
     count: int  # values in the words
@@ -28,6 +38,9 @@ class PacTrainCompressor(Compressor):
     dense vector (the same length on every rank, because the mask is the same) and
     ``decompress`` scatters the reduced values back into zeros of the original shape, in
     the compressed tensor's own storage (it holds only local values by then).
+    Values travel in logical (row-major, mask) order whatever the gradient's memory format, and a
+    channels_last (or otherwise permuted but dense) gradient is gathered from and scattered back into its
+    own storage, so it keeps the parameter's layout.
     ``packed=False``: the tensor travels whole, with pruned coordinates zeroed.
     ``mask=None``: the tensor is not pruned and travels as Horovod would send it.
     Values are then handed to ``value_compression`` (``hvd.Compression.none`` or ``.fp16``), or,
@@ -55,19 +68,38 @@ class PacTrainCompressor(Compressor):
         self.surviving_indices = mask.reshape(-1).nonzero().squeeze(1) if self.packed else None
         # Surviving coordinates (None: unmasked), counted once here: read on every step, it must not sync.
         self.kept = None if mask is None else int(self.surviving_indices.numel() if self.packed else mask.sum())
+        self._positions_by_stride: dict[tuple[int, ...], torch.Tensor | None] = {}
+
+    def _positions(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        """Where the survivors lie in ``_storage(tensor)``; None when ``tensor`` is not dense (an expanded or sliced view).
+
+        A permuted layout's positions are found once per strides (a dense tensor's elements are ``arange(numel)`` laid
+        out with its strides), so that its survivors are still read and written in mask order, without a copy.
+        """
+        if tensor.is_contiguous():
+            return self.surviving_indices
+        strides = tensor.stride()
+        if strides not in self._positions_by_stride:
+            offsets = torch.arange(tensor.numel(), device=self.surviving_indices.device)
+            self._positions_by_stride[strides] = (offsets.as_strided(tensor.shape, strides).reshape(-1)[self.surviving_indices]
+                                                  if _dense(tensor) else None)
+        return self._positions_by_stride[strides]
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """The values that travel, before value compression: survivors, the masked tensor, or the tensor."""
         if self.mask is not None and tensor.shape != self.mask.shape:
             raise ValueError(f"tensor of shape {tuple(tensor.shape)} does not fit mask of shape {tuple(self.mask.shape)}")
         if self.packed:
-            values = tensor.reshape(-1).index_select(0, self.surviving_indices)
+            positions = self._positions(tensor)
+            values = (tensor.reshape(-1).index_select(0, self.surviving_indices) if positions is None
+                      else _storage(tensor).index_select(0, positions))
         elif self.mask is not None:
             values = tensor.masked_fill_(self.pruned, 0)
         else:
             values = tensor
         wire_dtype = _WIRE_DTYPE.get(values.dtype)
-        return values if wire_dtype is None else values.to(wire_dtype)
+        values = values if wire_dtype is None else values.to(wire_dtype)
+        return values.contiguous()  # Horovod all-reduces contiguous tensors only: a permuted one travels row-major
 
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
         if self.lanes is not None:
@@ -86,15 +118,19 @@ class PacTrainCompressor(Compressor):
         return words, (TernaryContext(scale, ternary.numel(), divisor), tensor)
 
     def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        """Scatter into the tensor that was compressed when it is contiguous (no new allocation)."""
+        """Write into the tensor that was compressed, in its own layout, when it is dense (no new allocation)."""
         value_ctx, original = ctx
         if isinstance(value_ctx, TernaryContext):
             summed = decode(tensor, self.lanes, value_ctx.count).to(torch.float32)
             values = (summed * value_ctx.scale / value_ctx.divisor).to(original.dtype)
         else:
             values = self.value_compression.decompress(tensor, value_ctx).to(original.dtype)
-        if not self.packed:
-            return values
-        dense = original if original.is_contiguous() else torch.empty_like(original, memory_format=torch.contiguous_format)
-        dense.zero_().view(-1).index_copy_(0, self.surviving_indices, values)
-        return dense
+        if not self.packed:  # a permuted gradient travelled as a row-major copy: back into its storage
+            return values if original.is_contiguous() or not _dense(original) else original.copy_(values)
+        positions = self._positions(original)
+        if positions is None:  # not dense: a new contiguous gradient
+            dense = torch.empty_like(original, memory_format=torch.contiguous_format)
+            dense.zero_().view(-1).index_copy_(0, self.surviving_indices, values)
+            return dense
+        _storage(original.zero_()).index_copy_(0, positions, values)
+        return original

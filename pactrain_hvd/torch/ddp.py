@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from pactrain_hvd.core import CheckpointError, PacTrainConfig, StepStats, TensorStats, should_pack
-from pactrain_hvd.core.config import DEFAULT_VERIFY_EVERY
+from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY
 from pactrain_hvd.core.lanes import LaneLayout, ternary_layout
 from pactrain_hvd.torch.lanes import decode, encode, stochastic_ternary
 from pactrain_hvd.torch.pruning import Prunable, Pruner, TableExchange, host_masks, select_prunable, zero_stays_zero
@@ -97,7 +97,7 @@ class PacTrainHookState:
         frequency: int | None = None,
         total_steps: int | None = None,
         prunable: Prunable = None,
-        ranking: str = "layer",
+        ranking: str = DEFAULT_RANKING,
         pack_min_numel: int | None = None,
         pack_max_density: float | None = None,
         verify_every: int = DEFAULT_VERIFY_EVERY,

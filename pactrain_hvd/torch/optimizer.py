@@ -34,7 +34,7 @@ from pactrain_hvd.core import (
     should_pack,
     while_running,
 )
-from pactrain_hvd.core.config import DEFAULT_VERIFY_EVERY, check_values
+from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY, check_values
 from pactrain_hvd.core.lanes import SCALE_BYTES, ternary_layout
 from pactrain_hvd.core.own_masks import schedule_sparsity
 from pactrain_hvd.torch.compression import PacTrainCompressor
@@ -153,7 +153,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         frequency: int | None = None,
         total_steps: int | None = None,
         prunable: Prunable = None,
-        ranking: str = "layer",
+        ranking: str = DEFAULT_RANKING,
         pack_min_numel: int | None = None,
         pack_max_density: float | None = None,
         verify_every: int = DEFAULT_VERIFY_EVERY,

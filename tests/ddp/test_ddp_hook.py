@@ -48,7 +48,7 @@ def make(hooked: bool = True, unused: bool = False, sparsity: float = 0.9, verif
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
     state = None
     if hooked:
-        state = pt.ddp.PacTrainHookState(model, opt, sparsity=sparsity, begin_step=0, end_step=0, pack_min_numel=0,
+        state = pt.ddp.PacTrainHookState(model, opt, sparsity=sparsity, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0,
                                          verify_every=verify_every)
         model.register_comm_hook(state, pt.ddp.pactrain_hook)
     return model, opt, state
@@ -156,7 +156,7 @@ def scenario_fp16_values():
     torch.manual_seed(0)
     model = DDP(Net(), bucket_cap_mb=0.02)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    state = pt.ddp.PacTrainHookState(model, opt, sparsity=0.9, begin_step=0, end_step=0, pack_min_numel=0,
+    state = pt.ddp.PacTrainHookState(model, opt, sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0,
                                      packed_values="fp16")
     model.register_comm_hook(state, pt.ddp.pactrain_hook)
     step(model, opt, 0)
@@ -182,7 +182,7 @@ def scenario_ternary_values_and_their_exact_resume():
         torch.manual_seed(0)
         model = DDP(Net(), bucket_cap_mb=0.02)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        state = pt.ddp.PacTrainHookState(model, opt, sparsity=0.9, begin_step=0, end_step=0, pack_min_numel=0,
+        state = pt.ddp.PacTrainHookState(model, opt, sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0,
                                          packed_values="ternary")
         model.register_comm_hook(state, pt.ddp.pactrain_hook)
         return model, opt, state

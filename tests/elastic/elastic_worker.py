@@ -19,7 +19,7 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
                             torch.nn.Linear(64, 4))
 opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3),
-                              named_parameters=model.named_parameters(), sparsity=0.9, begin_step=2, end_step=20,
+                              named_parameters=model.named_parameters(), sparsity=0.9, ranking="layer", begin_step=2, end_step=20,
                               frequency=3, pack_min_numel=0, values=args.values)
 
 

@@ -27,7 +27,7 @@ def test_pactrain_step_over_mpi_keeps_ranks_identical():
     torch.manual_seed(0)
     model = torch.nn.Linear(128, 64)
     opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
-                                  sparsity=0.9, begin_step=0, end_step=0)
+                                  sparsity=0.9, ranking="layer", begin_step=0, end_step=0)
     for step in range(3):
         opt.zero_grad()
         x = torch.randn(4, 128, generator=torch.Generator().manual_seed(hvd.rank() * 100 + step))

@@ -132,3 +132,18 @@ def test_erk_prunes_large_tensors_more_and_hits_the_overall_target():
     masks = magnitude_masks(weights, 0.9, ranking="erk")
     assert sum(int(m.sum()) for m in masks.values()) == pytest.approx(0.1 * sum(sizes.values()), rel=1e-4)
     assert masks["fc2"].all()
+
+
+def test_default_ranking_is_erk_in_every_frontend():
+    import inspect
+
+    from pactrain_hvd.core.config import PacTrainConfig
+
+    assert PacTrainConfig().ranking == "erk"
+    frontends = ["pactrain_hvd.torch.optimizer:DistributedOptimizer", "pactrain_hvd.torch.ddp:PacTrainHookState",
+                 "pactrain_hvd.tensorflow.optimizer:PacTrainState",
+                 "pactrain_hvd.tensorflow.keras.optimizer:DistributedOptimizer"]
+    for path in frontends:
+        module, name = path.split(":")
+        target = getattr(pytest.importorskip(module), name)
+        assert inspect.signature(target).parameters["ranking"].default == "erk", path

@@ -23,7 +23,7 @@ def horovod():
 def trainer(api):
     api.utils.set_random_seed(0)
     model = api.Sequential([api.Input((6,)), api.layers.Dense(80), api.layers.Dense(3)])
-    opt = ptk.DistributedOptimizer(api.optimizers.SGD(0.1, momentum=0.9), sparsity=0.8, begin_step=1, end_step=5,
+    opt = ptk.DistributedOptimizer(api.optimizers.SGD(0.1, momentum=0.9), sparsity=0.8, ranking="layer", begin_step=1, end_step=5,
                                    frequency=2, pack_min_numel=0)
     rng = np.random.default_rng(0)
 

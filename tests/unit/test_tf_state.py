@@ -78,7 +78,7 @@ def test_keras_optimizer_and_tape_reject_bad_arguments():
 
 def test_distributed_optimizer_is_a_subclassable_subclass_with_the_same_config():
     base = keras.optimizers.Adam(learning_rate=0.01, beta_1=0.8)
-    opt = ptk.DistributedOptimizer(base, sparsity=0.5)
+    opt = ptk.DistributedOptimizer(base, sparsity=0.5, ranking="layer")
     assert isinstance(opt, keras.optimizers.Adam) and type(opt).__name__ == "Adam"
     assert opt.get_config() == base.get_config()
     assert type(ptk.DistributedOptimizer(keras.optimizers.Adam())) is type(opt)  # one class per optimizer class
@@ -89,7 +89,7 @@ def test_distributed_optimizer_is_a_subclassable_subclass_with_the_same_config()
 
     model = small_model()
     custom = Custom.from_config(base.get_config())
-    custom.pactrain_state = pt.PacTrainState(sparsity=0.5, begin_step=0, end_step=0, optimizer=custom)
+    custom.pactrain_state = pt.PacTrainState(sparsity=0.5, ranking="layer", begin_step=0, end_step=0, optimizer=custom)
     x = tf.ones((4, 6))
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(model(x))
@@ -133,7 +133,7 @@ def test_single_process_state_masks_packs_and_checkpoints(monkeypatch):
     monkeypatch.setenv("HOROVOD_ELASTIC", "1")  # one process communicates only under elastic (as Horovod)
     model = small_model()
     opt = keras.optimizers.SGD(0.1, momentum=0.9)
-    state = pt.PacTrainState(sparsity=0.75, begin_step=0, end_step=0, pack_min_numel=300, optimizer=opt)
+    state = pt.PacTrainState(sparsity=0.75, ranking="layer", begin_step=0, end_step=0, pack_min_numel=300, optimizer=opt)
     x = tf.random.stateless_normal((8, 6), seed=(0, 1))
     for _ in range(2):
         with tf.GradientTape() as tape:
@@ -155,7 +155,7 @@ def test_single_process_state_masks_packs_and_checkpoints(monkeypatch):
             assert np.all(grad.numpy()[~masks[name]] == 0)
 
     blob = state.serialize()
-    fresh = pt.PacTrainState(sparsity=0.75)
+    fresh = pt.PacTrainState(sparsity=0.75, ranking="layer")
     fresh.deserialize(blob)
     assert fresh.step_count == 2 and all(np.array_equal(fresh.masks()[n], m) for n, m in masks.items())
     fresh.bind(small_model().trainable_variables)  # same layer names under another model prefix
@@ -177,7 +177,7 @@ def test_one_process_communicates_nothing_and_still_prunes(values, monkeypatch):
         monkeypatch.setattr(hvd, collective, lambda *args, _name=collective, **kwargs: pytest.fail(f"hvd.{_name}"))
     model = small_model()
     opt = keras.optimizers.SGD(0.1, momentum=0.9)
-    state = pt.PacTrainState(sparsity=0.75, begin_step=0, end_step=2, frequency=1, pack_min_numel=0, verify_every=1,
+    state = pt.PacTrainState(sparsity=0.75, ranking="layer", begin_step=0, end_step=2, frequency=1, pack_min_numel=0, verify_every=1,
                              values=values, optimizer=opt)
     names = variable_names(model.trainable_variables)
 

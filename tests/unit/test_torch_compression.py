@@ -88,3 +88,92 @@ def test_checkpoints_are_atomic_and_damage_is_named(tmp_path):
         save_checkpoint(path, {"unpicklable": lambda: None})
     assert path.read_bytes() == data[: len(data) // 2]  # a failed save leaves the old file as it was
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+
+
+LAYOUTS = {  # dense but not contiguous: the gradient of a parameter in that memory format
+    "channels_last": ((8, 4, 3, 3), lambda t: t.to(memory_format=torch.channels_last)),
+    "channels_last_3d": ((8, 4, 2, 3, 3), lambda t: t.to(memory_format=torch.channels_last_3d)),
+    "permuted": ((8, 4, 3, 3), lambda t: t.permute(2, 3, 0, 1).contiguous().permute(2, 3, 0, 1)),
+}
+SYNCING = ("item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__", "nonzero")
+
+
+@pytest.mark.parametrize("plan", ["packed", "dense-plan", "unmasked"])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_permuted_gradients_travel_in_mask_order_and_come_back_in_their_own_storage(layout, plan, monkeypatch):
+    shape, to_layout = LAYOUTS[layout]
+    generator = torch.Generator().manual_seed(0)
+    mask = None if plan == "unmasked" else torch.rand(shape, generator=generator) < 0.3  # ~70 % pruned
+    values = torch.randn(shape, generator=generator)
+    grad, reference = to_layout(values.clone()), values.clone()
+    assert not grad.is_contiguous() and torch.equal(grad, reference)
+    compressor = PacTrainCompressor(mask, packed=plan == "packed")
+    wire, ctx = compressor.compress(grad)
+    expected_wire, expected_ctx = PacTrainCompressor(mask, packed=plan == "packed").compress(reference)
+    assert wire.is_contiguous() and torch.equal(wire, expected_wire)  # the wire does not depend on the layout
+    storage, strides = grad.data_ptr(), grad.stride()
+
+    calls = []
+    for method in SYNCING:  # once the positions are known, a step reads nothing back to the host
+        original = getattr(torch.Tensor, method)
+        monkeypatch.setattr(torch.Tensor, method,
+                            lambda self, *args, _original=original, _method=method: calls.append(_method) or
+                            _original(self, *args))
+    assert torch.equal(compressor.gather(grad), wire)
+    restored = compressor.decompress(wire * 2, ctx)  # as if a Sum over two equal ranks
+    monkeypatch.undo()
+    assert calls == []
+
+    assert restored is grad and restored.data_ptr() == storage and restored.stride() == strides
+    expected = compressor.decompress(expected_wire * 2, expected_ctx)
+    assert expected.is_contiguous() and torch.equal(restored, expected)
+    if mask is not None:
+        assert torch.all(restored[~mask] == 0) and torch.equal(restored[mask], values[mask] * 2)
+    if plan == "packed":  # survivors' storage positions: found once, for the one layout
+        assert list(compressor._positions_by_stride) == [strides]
+
+
+def test_channels_last_conv_gradient_keeps_its_memory_format():
+    generator = torch.Generator().manual_seed(1)
+    mask = torch.rand(8, 4, 3, 3, generator=generator) < 0.3
+    grad = torch.randn(8, 4, 3, 3, generator=generator).to(memory_format=torch.channels_last)
+    contiguous = grad.contiguous()
+    compressor = PacTrainCompressor(mask, value_compression=hvd.Compression.fp16)
+    wire, ctx = compressor.compress(grad)
+    restored = compressor.decompress(wire, ctx)
+    assert restored.is_contiguous(memory_format=torch.channels_last) and restored.data_ptr() == grad.data_ptr()
+    assert torch.equal(restored, PacTrainCompressor(mask, value_compression=hvd.Compression.fp16).decompress(
+        *PacTrainCompressor(mask, value_compression=hvd.Compression.fp16).compress(contiguous)))
+    assert torch.all(restored[~mask] == 0) and torch.equal(restored[mask], contiguous[mask].half().float())
+
+
+def test_contiguous_gradients_keep_the_plain_path():
+    generator = torch.Generator().manual_seed(2)
+    mask = torch.rand(16, 9, generator=generator) < 0.1
+    grad = torch.randn(16, 9, generator=generator)
+    original = grad.clone()
+    compressor = PacTrainCompressor(mask)
+    wire, ctx = compressor.compress(grad)
+    assert torch.equal(wire, original.reshape(-1).index_select(0, mask.reshape(-1).nonzero().squeeze(1)))
+    restored = compressor.decompress(wire, ctx)
+    assert restored is grad and restored.is_contiguous()
+    assert torch.equal(restored, original.masked_fill(~mask, 0))
+    assert compressor._positions_by_stride == {}  # nothing computed for the contiguous layout
+
+
+def test_gradients_that_are_not_dense_come_back_as_a_new_contiguous_tensor():
+    generator = torch.Generator().manual_seed(3)
+    mask = torch.rand(8, 4, 3, 3, generator=generator) < 0.3
+    parent = torch.randn(8, 6, 3, 3, generator=generator)
+    sliced, expanded = parent[:, 1:5], torch.randn(1, 4, 3, 3, generator=generator).expand(8, 4, 3, 3)
+    untouched = parent.clone()
+    for grad in (sliced, expanded):
+        logical = grad.clone()
+        compressor = PacTrainCompressor(mask)
+        wire, ctx = compressor.compress(grad)
+        assert torch.equal(wire, logical[mask])
+        restored = compressor.decompress(wire * 2, ctx)
+        assert restored.is_contiguous() and restored.data_ptr() != grad.data_ptr()
+        assert torch.equal(restored, (logical * 2).masked_fill(~mask, 0))
+        assert compressor._positions_by_stride == {grad.stride(): None}
+    assert torch.equal(parent, untouched), "the parent of a sliced gradient is not written"

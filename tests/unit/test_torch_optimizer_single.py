@@ -66,7 +66,7 @@ def test_bad_named_parameters():
 
 def test_bad_masks_change_nothing():
     model, sgd = model_and_sgd()
-    opt = pt.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), sparsity=0.5)
+    opt = pt.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), sparsity=0.5, ranking="layer")
     before = model[0].weight.detach().clone()
     with pytest.raises(ValueError, match=r"'0.weight' has shape \(3, 3\), parameter has shape \(64, 64\)"):
         opt.set_masks({"0.weight": torch.ones(3, 3, dtype=torch.bool)})
@@ -82,7 +82,7 @@ def test_bad_masks_change_nothing():
 
 def test_lr_scheduler_and_single_process_training():
     model, sgd = model_and_sgd()
-    opt = pt.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), sparsity=0.75,
+    opt = pt.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), sparsity=0.75, ranking="layer",
                                   begin_step=0, end_step=0)
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     for _ in range(4):
@@ -99,7 +99,7 @@ def test_one_process_communicates_nothing_and_still_prunes_like_horovod():
     """Horovod all-reduces only when size() > 1 (or under elastic); values='ternary' quantises nothing alone."""
     model, sgd = model_and_sgd()
     reference, reference_sgd = model_and_sgd()
-    opt = pt.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), sparsity=0.5, begin_step=0,
+    opt = pt.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), sparsity=0.5, ranking="layer", begin_step=0,
                                   end_step=0, pack_min_numel=0, values="ternary")
     for step in range(3):
         inputs = torch.randn(8, 64, generator=torch.Generator().manual_seed(step))

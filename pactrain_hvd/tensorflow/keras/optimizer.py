@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 from horovod.tensorflow.compression import Compression, Compressor
 
-from pactrain_hvd.core.config import DEFAULT_VERIFY_EVERY
+from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY
 from pactrain_hvd.tensorflow.optimizer import PacTrainState, scale_gradient
 from pactrain_hvd.tensorflow.pruning import Prunable, backing_variable, build_optimizer
 
@@ -280,7 +280,7 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
     frequency: int | None = None,
     total_steps: int | None = None,
     prunable: Prunable = None,
-    ranking: str = "layer",
+    ranking: str = DEFAULT_RANKING,
     pack_min_numel: int | None = None,
     pack_max_density: float | None = None,
     verify_every: int = DEFAULT_VERIFY_EVERY,

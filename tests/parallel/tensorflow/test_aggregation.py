@@ -70,7 +70,7 @@ def test_aggregation_applies_what_horovods_applies(average):
 def test_pruned_model_aggregates_as_one_step_over_the_summed_gradients():
     """Two passes then one reduction equal one step on the two passes' gradients summed (masks and schedule too)."""
     model, reference = make_model(), make_model()
-    kwargs = dict(sparsity=0.5, begin_step=0, end_step=2, frequency=1)
+    kwargs = dict(sparsity=0.5, ranking="layer", begin_step=0, end_step=2, frequency=1)
     opt = ptk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), backward_passes_per_step=2, **kwargs)
     reference_opt = ptk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), **kwargs)
 
@@ -126,7 +126,7 @@ def test_sparse_as_dense_aggregation_under_model_fit():
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((10,), dtype="int32"), keras.layers.Embedding(1000, 8)])
     opt = ptk.DistributedOptimizer(keras.optimizers.RMSprop(1e-3), sparse_as_dense=True, backward_passes_per_step=2,
-                                   sparsity=0.5, begin_step=0, end_step=0)
+                                   sparsity=0.5, ranking="layer", begin_step=0, end_step=0)
     model.compile(optimizer=opt, loss="mse")
     rng = np.random.default_rng(hvd.rank())
     x, y = rng.integers(1000, size=(32, 10)), rng.normal(size=(32, 10, 8)).astype(np.float32)

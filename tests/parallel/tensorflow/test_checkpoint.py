@@ -13,7 +13,7 @@ import pactrain_hvd.tensorflow.keras as ptk
 
 
 def optimizer(**overrides):
-    kwargs = dict(sparsity=0.9, begin_step=0, end_step=6, frequency=2) | overrides
+    kwargs = dict(sparsity=0.9, ranking="layer", begin_step=0, end_step=6, frequency=2) | overrides
     return ptk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), **kwargs)
 
 
@@ -82,13 +82,13 @@ def test_keras_file_round_trip_restores_masks_and_step():
 
 def test_tape_state_checkpoint_restores_before_and_after_binding():
     model = make_model()
-    state = pt.PacTrainState(sparsity=0.8, begin_step=0, end_step=0)
+    state = pt.PacTrainState(sparsity=0.8, ranking="layer", begin_step=0, end_step=0)
     with tf.GradientTape() as tape:
         loss = loss_fn(batch(0)[1], model(batch(0)[0], training=True))
     pt.DistributedGradientTape(tape, state=state).gradient(loss, model.trainable_variables)
     prefix = tf.train.Checkpoint(pactrain=state).save(f"{tempfile.mkdtemp()}/ckpt")
 
-    fresh = pt.PacTrainState(sparsity=0.8, begin_step=0, end_step=0)
+    fresh = pt.PacTrainState(sparsity=0.8, ranking="layer", begin_step=0, end_step=0)
     tf.train.Checkpoint(pactrain=fresh).restore(prefix)  # not bound yet: applied when it binds
     assert fresh.step_count == 1
     assert all(np.array_equal(fresh.masks()[name], mask) for name, mask in state.masks().items())
@@ -105,12 +105,12 @@ def test_tape_state_checkpoint_restores_before_and_after_binding():
 
 def test_restore_into_other_shapes_raises_checkpoint_error():
     model = make_model()
-    state = pt.PacTrainState(sparsity=0.5, begin_step=0, end_step=0)
+    state = pt.PacTrainState(sparsity=0.5, ranking="layer", begin_step=0, end_step=0)
     state.bind(model.trainable_variables)
     state.set_masks({name: np.ones(v.shape, bool) for name, v in named(model.trainable_variables).items()
                      if v.shape.rank >= 2})
     blob = state.serialize()
-    wider = pt.PacTrainState(sparsity=0.5)
+    wider = pt.PacTrainState(sparsity=0.5, ranking="layer")
     wider_model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(4, 3)])
     wider.bind(wider_model.trainable_variables)
     with pytest.raises(pt.CheckpointError):
@@ -120,7 +120,7 @@ def test_restore_into_other_shapes_raises_checkpoint_error():
 
 
 def test_broadcast_masks_gives_every_rank_the_root_masks_and_step():
-    model, opt = make_model(), optimizer(sparsity=0.5, end_step=0)
+    model, opt = make_model(), optimizer(sparsity=0.5, ranking="layer", end_step=0)
     train = trainer(model, opt)
     train(1)
     masks = opt.masks()

@@ -41,7 +41,7 @@ def train_loop(model, opt):
 
 def test_fit_averages_prunes_and_packs_with_ranks_starting_apart():
     model = make_model(seed=hvd.rank())  # different weights per rank: the callback must align them first
-    opt = ptk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), sparsity=0.9,
+    opt = ptk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), sparsity=0.9, ranking="layer",
                                    begin_step=0, end_step=6, frequency=2)
     compiled(model, opt)
     fit(model, 1, callbacks=[ptk.callbacks.BroadcastGlobalVariablesCallback(0)])
@@ -73,7 +73,7 @@ def test_fit_averages_prunes_and_packs_with_ranks_starting_apart():
                          ids=["fp32", "fp16"])
 def test_custom_loop_applies_the_dense_reference_average(compression, tolerance):
     model = make_model()
-    opt = ptk.DistributedOptimizer(keras.optimizers.SGD(1.0), compression=compression, sparsity=0.8,
+    opt = ptk.DistributedOptimizer(keras.optimizers.SGD(1.0), compression=compression, sparsity=0.8, ranking="layer",
                                    begin_step=0, end_step=0, pack_min_numel=1000)
     step = train_loop(model, opt)
     step(*batch(0))  # prunes once, from identical weights
@@ -107,7 +107,7 @@ def test_custom_loop_applies_the_dense_reference_average(compression, tolerance)
 ], ids=["sgd-momentum-wd", "adam", "adamw", "legacy-adam"])
 def test_pruned_weights_and_slots_stay_zero_with_any_optimizer(make_optimizer):
     model = make_model()
-    opt = ptk.DistributedOptimizer(make_optimizer(), sparsity=0.8, begin_step=2, end_step=4, frequency=1)
+    opt = ptk.DistributedOptimizer(make_optimizer(), sparsity=0.8, ranking="layer", begin_step=2, end_step=4, frequency=1)
     step = train_loop(model, opt)
     for number in range(7):
         step(*batch(number))
@@ -156,7 +156,7 @@ def test_sparsity_zero_is_horovod():
 def test_mask_drift_raises_on_every_rank_before_communicating():
     model = make_model()
     # set_masks is local and schedules no verification: verify at every step, which every rank knows of
-    opt = ptk.DistributedOptimizer(keras.optimizers.SGD(0.05), sparsity=0.5, begin_step=0, end_step=0, verify_every=1)
+    opt = ptk.DistributedOptimizer(keras.optimizers.SGD(0.05), sparsity=0.5, ranking="layer", begin_step=0, end_step=0, verify_every=1)
     compiled(model, opt)
     fit(model, 1)
     masks = opt.masks()

@@ -36,7 +36,7 @@ def counting_verifications(state) -> list:
 
 def test_verification_steps_are_the_ones_every_rank_knows_of():
     model = make_model()
-    state = pt.PacTrainState(sparsity=0.5, begin_step=2, end_step=2, verify_every=5)
+    state = pt.PacTrainState(sparsity=0.5, ranking="layer", begin_step=2, end_step=2, verify_every=5)
     verified = counting_verifications(state)
     for number in range(4):  # first step (0), mask update (2)
         eager_step(model, state, number)
@@ -52,7 +52,7 @@ def test_verification_steps_are_the_ones_every_rank_knows_of():
 
 def test_masks_set_on_one_rank_raise_at_the_next_verification_on_every_rank_without_hanging():
     model = make_model()
-    state = pt.PacTrainState(sparsity=0.5, begin_step=0, end_step=0, pack_min_numel=0, verify_every=4)
+    state = pt.PacTrainState(sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0, verify_every=4)
     eager_step(model, state, 0)
     masks = state.masks()
     drifted = next(name for name, mask in masks.items() if mask.ndim == 2)
@@ -66,9 +66,9 @@ def test_masks_set_on_one_rank_raise_at_the_next_verification_on_every_rank_with
 
 def test_ranks_at_different_schedule_steps_raise_at_the_first_step_on_every_rank():
     model = make_model()
-    state = pt.PacTrainState(sparsity=0.5, begin_step=10, end_step=10)  # nothing due at step 0 but the first check
+    state = pt.PacTrainState(sparsity=0.5, ranking="layer", begin_step=10, end_step=10)  # nothing due at step 0 but the first check
     if hvd.rank() == 1:  # a checkpoint loaded on one rank, without broadcast_masks
-        saved = pt.PacTrainState(sparsity=0.5, begin_step=10, end_step=10)
+        saved = pt.PacTrainState(sparsity=0.5, ranking="layer", begin_step=10, end_step=10)
         saved._step.assign(3)
         state.deserialize(saved.serialize())
     with pytest.raises(pt.MaskMismatchError, match=r"schedule position differs \(rank 0: 0, rank 1: 3\)"):
@@ -77,7 +77,7 @@ def test_ranks_at_different_schedule_steps_raise_at_the_first_step_on_every_rank
 
 def test_ranks_that_start_from_different_weights_are_told_to_broadcast_the_weights():
     model = make_model(seed=hvd.rank())  # hvd.broadcast_variables forgotten
-    state = pt.PacTrainState(sparsity=0.5, begin_step=0, end_step=0)
+    state = pt.PacTrainState(sparsity=0.5, ranking="layer", begin_step=0, end_step=0)
     with pytest.raises(pt.MaskMismatchError, match=r"(?i)weights differ.*ranked on them.*hvd\.broadcast_variables"):
         eager_step(model, state, 0)
 
@@ -95,7 +95,7 @@ def test_a_checkpoint_restored_on_one_rank_alone_trains_on_as_before():
             step(*batch(number))
 
     def optimizer():
-        return ptk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), sparsity=0.5, begin_step=0,
+        return ptk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), sparsity=0.5, ranking="layer", begin_step=0,
                                         end_step=6, frequency=2)
 
     model, opt = make_model(), optimizer()

@@ -39,7 +39,7 @@ def forbid_collectives(patch: pytest.MonkeyPatch) -> None:
 def test_tape_outside_or_alone_in_its_process_set_returns_local_gradients_pruned(sparsity, values, monkeypatch):
     model = make_model()
     opt = keras.optimizers.SGD(0.05, momentum=0.9)
-    state = pt.PacTrainState(process_set=EVEN_RANKS, sparsity=sparsity, begin_step=0, end_step=2, frequency=1,
+    state = pt.PacTrainState(process_set=EVEN_RANKS, sparsity=sparsity, ranking="layer", begin_step=0, end_step=2, frequency=1,
                              values=values, pack_min_numel=0, verify_every=1, optimizer=opt)
     sources = model.trainable_variables
     names = list(named(sources))
@@ -80,7 +80,7 @@ def test_sparsity_zero_with_a_process_set_is_horovods_tape():
 
 def test_keras_fit_with_a_process_set_prunes_without_communicating(monkeypatch):
     model = make_model()
-    opt = ptk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), process_set=EVEN_RANKS, sparsity=0.5,
+    opt = ptk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), process_set=EVEN_RANKS, sparsity=0.5, ranking="layer",
                                    begin_step=0, end_step=0, verify_every=1)
     compiled(model, opt)
     with monkeypatch.context() as patch:
@@ -101,7 +101,7 @@ def test_each_rank_applies_its_own_gradient_as_horovods_process_set_optimizer():
         optimizer.apply_gradients([(tf.constant([float(hvd.rank())]), variable)])
         return variable.numpy()
 
-    ours = trained(lambda opt: ptk.DistributedOptimizer(opt, process_set=EVEN_RANKS, sparsity=0.5))
+    ours = trained(lambda opt: ptk.DistributedOptimizer(opt, process_set=EVEN_RANKS, sparsity=0.5, ranking="layer"))
     np.testing.assert_array_equal(ours, [-float(hvd.rank())])
     if LEGACY_KERAS:  # Horovod's Keras optimizer reduces in get_gradients, which this path does not call
         np.testing.assert_array_equal(ours, trained(lambda opt: hvd_keras.DistributedOptimizer(

@@ -25,7 +25,7 @@ def dense_reference(model, masks, x, y, name):
 def test_tape_gradients_are_the_dense_reference_on_surviving_coordinates(compression, value_bytes):
     model = make_model()
     opt = keras.optimizers.SGD(0.05, momentum=0.9)
-    state = pt.PacTrainState(compression=compression, sparsity=0.9, begin_step=0, end_step=0, pack_min_numel=1000,
+    state = pt.PacTrainState(compression=compression, sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=1000,
                              optimizer=opt)
     step = tape_step(model, opt, state)
     step(*batch(0))  # prunes once, from identical weights
@@ -68,7 +68,7 @@ def test_gradual_schedule_follows_cubic_targets_without_retracing(optimizer):
     same step, so pruned weights stay exactly 0 with no enforce() call and nothing goes NaN."""
     model = make_model()
     opt = OPTIMIZERS[optimizer]()
-    state = pt.PacTrainState(sparsity=0.9, begin_step=0, end_step=6, frequency=2, optimizer=opt)
+    state = pt.PacTrainState(sparsity=0.9, ranking="layer", begin_step=0, end_step=6, frequency=2, optimizer=opt)
     step = tape_step(model, opt, state)
     schedule, history = state.config.schedule, []
     for number in range(9):
@@ -105,7 +105,7 @@ def test_gradual_schedule_follows_cubic_targets_without_retracing(optimizer):
 def test_eager_tape_drift_raises_mask_mismatch_error_on_every_rank():
     model = make_model()
     # set_masks is local and schedules no verification: verify at every step, which every rank knows of
-    state = pt.PacTrainState(sparsity=0.5, begin_step=0, end_step=0, verify_every=1)
+    state = pt.PacTrainState(sparsity=0.5, ranking="layer", begin_step=0, end_step=0, verify_every=1)
 
     def gradient(number):
         x, y = batch(number)
@@ -167,7 +167,7 @@ def test_groups_sum_and_predivide_match_their_references():
     variables = model.trainable_variables
 
     def reduced(**kwargs):
-        state = pt.PacTrainState(sparsity=0.5, begin_step=0, end_step=0, pack_min_numel=0, verify_every=0, **kwargs)
+        state = pt.PacTrainState(sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0, verify_every=0, **kwargs)
         return [g.numpy() for g in pt.DistributedGradientTape(tape, state=state).gradient(loss, variables)]
 
     plain = reduced()

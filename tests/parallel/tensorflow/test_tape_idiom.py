@@ -28,7 +28,7 @@ def test_tape_wrapped_in_the_traced_step_keeps_its_schedule_across_retraces():
     model = make_model()
     opt = keras.optimizers.SGD(0.05, momentum=0.9)
     step, tapes = horovod_idiom_step(model, opt, lambda tape: pt.DistributedGradientTape(
-        tape, sparsity=0.5, begin_step=0, end_step=4, frequency=2, optimizer=opt))
+        tape, sparsity=0.5, ranking="layer", begin_step=0, end_step=4, frequency=2, optimizer=opt))
     variables = named([backing_variable(v) for v in model.trainable_variables])  # what the tape differentiates
     for number, size in enumerate(BATCH_SIZES):
         step(*batch(number, size))
@@ -71,7 +71,7 @@ def test_eager_tapes_wrapped_every_step_share_one_schedule():
         x, y = batch(number)
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
-        tapes.append(pt.DistributedGradientTape(tape, sparsity=0.5, begin_step=0, end_step=2, frequency=1))
+        tapes.append(pt.DistributedGradientTape(tape, sparsity=0.5, ranking="layer", begin_step=0, end_step=2, frequency=1))
         tapes[-1].gradient(loss, model.trainable_variables)
     state = tapes[0].pactrain_state
     assert all(tape.pactrain_state is state for tape in tapes) and state.step_count == 3
@@ -83,9 +83,9 @@ def test_other_arguments_for_the_same_variables_are_refused_naming_state():
     x, y = batch(0)
     with tf.GradientTape(persistent=True) as tape:
         loss = loss_fn(y, model(x, training=True))
-    pt.DistributedGradientTape(tape, sparsity=0.5).gradient(loss, model.trainable_variables)
+    pt.DistributedGradientTape(tape, sparsity=0.5, ranking="layer").gradient(loss, model.trainable_variables)
     with pytest.raises(ValueError, match="already have a PacTrainState made with other sparsity.*state="):
-        pt.DistributedGradientTape(tape, sparsity=0.8).gradient(loss, model.trainable_variables)
+        pt.DistributedGradientTape(tape, sparsity=0.8, ranking="layer").gradient(loss, model.trainable_variables)
     with pytest.raises(RuntimeError, match="first gradient"):
         _ = pt.DistributedGradientTape(tape).pactrain_state
 
@@ -100,7 +100,7 @@ def test_partial_tape_splits_local_and_global_gradients_as_horovod(sparsity):
     with tf.GradientTape(persistent=True) as tape:
         loss = loss_fn(y, model(x, training=True))
     plain = tape.gradient(loss, sources)
-    distributed = pt.PartialDistributedGradientTape(tape, local_layers=head, sparsity=sparsity, begin_step=1)
+    distributed = pt.PartialDistributedGradientTape(tape, local_layers=head, sparsity=sparsity, ranking="layer", begin_step=1)
     local, shared = distributed.get_local_and_global_gradients(loss, sources)
     head_refs = {backing_variable(v).ref() for v in head.trainable_variables}
     assert [s.ref() for s, _ in local] == [s.ref() for s in sources if s.ref() in head_refs]

@@ -39,7 +39,7 @@ def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
     model = make_model()
     opt = keras.optimizers.SGD(0.05, momentum=0.9)
     # step 0 unmasked, 1 masked but dense (sparsity 0), 2 packed (new mask), 3 packed (mask changes again), 4 steady
-    state = pt.PacTrainState(op=op, values="ternary", sparsity=0.9, begin_step=1, end_step=3, frequency=1,
+    state = pt.PacTrainState(op=op, values="ternary", sparsity=0.9, ranking="layer", begin_step=1, end_step=3, frequency=1,
                              pack_min_numel=1000, optimizer=opt)
     step = tape_step(model, opt, state)
     variables = named(model.trainable_variables)
@@ -101,7 +101,7 @@ def test_fp16_values_pack_as_fp16_and_dense_tensors_as_compression_says():
     """Eagerly this time: the state runs its cached tf.function."""
     model = make_model()
     opt = keras.optimizers.SGD(0.05)
-    state = pt.PacTrainState(values="fp16", sparsity=0.9, begin_step=0, end_step=0, pack_min_numel=1000, optimizer=opt)
+    state = pt.PacTrainState(values="fp16", sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=1000, optimizer=opt)
     variables = named(model.trainable_variables)
     for number in range(3):
         x, y = batch(number)
@@ -171,7 +171,7 @@ def test_checkpoint_carries_this_ranks_error_memory_and_noise():
     """As torch's state_dict: a rank restores its own residuals and noise; a misfit residual is refused."""
     model = make_model()
     opt = keras.optimizers.SGD(0.05, momentum=0.9)
-    state = pt.PacTrainState(values="ternary", sparsity=0.9, begin_step=0, end_step=0, pack_min_numel=1000,
+    state = pt.PacTrainState(values="ternary", sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=1000,
                              optimizer=opt)
     step = tape_step(model, opt, state)
     for number in range(3):
@@ -196,7 +196,7 @@ def test_checkpoint_carries_this_ranks_error_memory_and_noise():
     with pytest.raises(pt.CheckpointError, match="ternary residual of .* its packed values number"):
         state.deserialize(buffer.getvalue())
     entries = dict(entries, ternary_rank=np.int64(1 - hvd.rank()))  # another rank's memory: ignored
-    fresh = pt.PacTrainState(values="ternary", sparsity=0.9, begin_step=0, end_step=0, pack_min_numel=1000)
+    fresh = pt.PacTrainState(values="ternary", sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=1000)
     fresh.bind(model.trainable_variables)
     buffer = io.BytesIO()
     np.savez(buffer, **entries)

@@ -128,7 +128,7 @@ def test_continue_pruning_goes_further_from_the_given_masks():
     model = pruned_model(l1_unstructured)
     given = prune_masks(model)
     opt = pt.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters(), masks=model,
-                                  continue_pruning=True, sparsity=0.9, begin_step=0, end_step=2, frequency=1)
+                                  continue_pruning=True, sparsity=0.9, ranking="layer", begin_step=0, end_step=2, frequency=1)
     train(model, opt, 3)
     assert_same_on_all_ranks({n: m.to(torch.uint8) for n, m in opt.masks().items()}, "mask")
     for name, mask in opt.masks().items():

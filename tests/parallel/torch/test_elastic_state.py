@@ -11,7 +11,7 @@ from conftest import assert_same_on_all_ranks
 
 import pactrain_hvd.torch as pt
 
-SCHEDULE = dict(sparsity=0.9, begin_step=0, end_step=12, frequency=3, pack_min_numel=0)
+SCHEDULE = dict(sparsity=0.9, ranking="layer", begin_step=0, end_step=12, frequency=3, pack_min_numel=0)
 OPTIMIZERS = [
     lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=1e-3),
     lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.05),

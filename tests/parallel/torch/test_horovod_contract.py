@@ -31,7 +31,7 @@ def train(model, opt, steps, start=0):
 
 def pactrain(model, make_optimizer, sparsity, **kwargs):
     return pt.DistributedOptimizer(make_optimizer(model.parameters()), named_parameters=model.named_parameters(),
-                                   sparsity=sparsity, begin_step=0, end_step=6, frequency=2, pack_min_numel=0, **kwargs)
+                                   sparsity=sparsity, ranking="layer", begin_step=0, end_step=6, frequency=2, pack_min_numel=0, **kwargs)
 
 
 def horovod_start(model, opt):
@@ -160,7 +160,7 @@ def test_ranks_outside_the_process_set_do_nothing_collective(sparsity):
         ours_model, theirs_model = make_model(), make_model()
         ours = pt.DistributedOptimizer(OPTIMIZERS["sgd-momentum-wd"](ours_model.parameters()),
                                        named_parameters=ours_model.named_parameters(), process_set=process_set,
-                                       sparsity=sparsity, begin_step=2, end_step=2, pack_min_numel=0)
+                                       sparsity=sparsity, ranking="layer", begin_step=2, end_step=2, pack_min_numel=0)
         theirs = hvd.DistributedOptimizer(OPTIMIZERS["sgd-momentum-wd"](theirs_model.parameters()),
                                           named_parameters=theirs_model.named_parameters(), process_set=process_set)
         for step in range(4):
@@ -199,7 +199,7 @@ def test_fine_tuning_names_more_parameters_than_the_optimizer_holds(sparsity):
     """SGD(model.fc.parameters()) with model.named_parameters(): Horovod ignores the other names."""
     model = make_model()
     opt = pt.DistributedOptimizer(torch.optim.SGD(model.fc.parameters(), lr=0.1), named_parameters=model.named_parameters(),
-                                  sparsity=sparsity, begin_step=0, end_step=0, pack_min_numel=0)
+                                  sparsity=sparsity, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0)
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not n.startswith("fc.")}
     train(model, opt, 2)
     assert sorted(opt._parameters) == ["fc.bias", "fc.weight"]
@@ -236,7 +236,7 @@ def test_sparse_embedding_gradients(prunable):
     ours, theirs = torch.nn.Embedding(100, 8, sparse=True), torch.nn.Embedding(100, 8, sparse=True)
     theirs.load_state_dict(ours.state_dict())
     opt = pt.DistributedOptimizer(torch.optim.SGD(ours.parameters(), lr=0.1), named_parameters=ours.named_parameters(),
-                                  sparsity=0.5, begin_step=0, end_step=0, prunable=prunable)
+                                  sparsity=0.5, ranking="layer", begin_step=0, end_step=0, prunable=prunable)
     reference = hvd.DistributedOptimizer(torch.optim.SGD(theirs.parameters(), lr=0.1),
                                          named_parameters=[("ref.weight", theirs.weight)])
     with warnings.catch_warnings(record=True) as caught:
@@ -353,7 +353,7 @@ def test_steady_state_steps_make_no_host_syncs(values, monkeypatch):
     device sync on a GPU): counted by wrapping every Tensor method that does, as called from our code."""
     model = make_model()
     opt = pt.DistributedOptimizer(OPTIMIZERS["sgd-momentum-wd"](model.parameters()),
-                                  named_parameters=model.named_parameters(), sparsity=0.9, begin_step=0, end_step=0,
+                                  named_parameters=model.named_parameters(), sparsity=0.9, ranking="layer", begin_step=0, end_step=0,
                                   verify_every=1000, values=values)
     horovod_start(model, opt)
     train(model, opt, 2)  # step 0 prunes, step 1 is the first check

@@ -57,7 +57,7 @@ def test_sparsity_zero_is_bitwise_hvd_distributed_optimizer():
 def test_one_shot_packs_survivors_and_matches_dense_reference(compression, value_bytes):
     model = make_model()
     opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "m"), compression=compression,
-                                  sparsity=0.9, begin_step=0, end_step=0, pack_min_numel=1000)
+                                  sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=1000)
     train(model, opt, 1)  # step 0 prunes once, from identical weights
     masks = opt.masks()
     assert set(masks) == {"m.conv1.weight", "m.conv2.weight", "m.fc.weight"}
@@ -89,7 +89,7 @@ def test_one_shot_packs_survivors_and_matches_dense_reference(compression, value
 
 def test_gradual_schedule_follows_cubic_targets_and_masks_only_shrink():
     model = make_model()
-    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "g"), sparsity=0.9,
+    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "g"), sparsity=0.9, ranking="layer",
                                   begin_step=0, end_step=6, frequency=2)
     schedule, history = opt.config.schedule, []
     for step in range(9):
@@ -115,7 +115,7 @@ def test_gradual_schedule_follows_cubic_targets_and_masks_only_shrink():
 def test_pruned_weights_and_state_stay_zero_with_any_optimizer(make_optimizer):
     model = make_model()
     opt = pt.DistributedOptimizer(make_optimizer(model.parameters()), named_parameters=named(model, "o"),
-                                  sparsity=0.8, begin_step=2, end_step=4, frequency=1)
+                                  sparsity=0.8, ranking="layer", begin_step=2, end_step=4, frequency=1)
     train(model, opt, 8)
     masks = opt.masks()
     assert masks
@@ -133,7 +133,7 @@ def test_pruned_weights_and_state_stay_zero_with_any_optimizer(make_optimizer):
 def test_backward_passes_per_step_accumulates_before_communicating():
     model = make_model()
     opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "b"), backward_passes_per_step=2,
-                                  sparsity=0.5, begin_step=0, end_step=0, pack_min_numel=0)
+                                  sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0)
     train(model, opt, 1)
     twin = copy.deepcopy(model)
     (loss_of(twin, 10) + loss_of(twin, 11)).backward()
@@ -158,7 +158,7 @@ def test_groups_sum_and_predivide_match_their_references():
         "predivide": {"gradient_predivide_factor": 2.0},
     }.items():
         model = make_model()
-        opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, label), sparsity=0.9,
+        opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, label), sparsity=0.9, ranking="layer",
                                       begin_step=0, end_step=0, pack_min_numel=0, **kwargs)
         train(model, opt, 4)
         results[label] = [p.detach().clone() for p in model.parameters()]
@@ -170,7 +170,7 @@ def test_groups_sum_and_predivide_match_their_references():
 
     model = make_model()
     opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "sum"), op=hvd.Sum,
-                                  sparsity=0.9, begin_step=0, end_step=0, pack_min_numel=0)
+                                  sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0)
     train(model, opt, 1)
     reference = dense_reference_grads(model, opt, 5, op=hvd.Sum)
     opt.zero_grad()
@@ -196,7 +196,7 @@ class TwoHeads(torch.nn.Module):
 def test_parameters_without_gradient_on_one_rank_get_the_others_gradient():
     model = TwoHeads()
     opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named(model, "u"),
-                                  sparsity=0.5, begin_step=0, end_step=0, pack_min_numel=0)
+                                  sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0)
     before = model.unused.weight.detach().clone()
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(hvd.rank()))
     for step in range(3):
@@ -209,7 +209,7 @@ def test_parameters_without_gradient_on_one_rank_get_the_others_gradient():
 
 def test_state_dict_round_trip_resumes_bitwise():
     model, resumed_model = make_model(), make_model()
-    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "r"), sparsity=0.9,
+    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "r"), sparsity=0.9, ranking="layer",
                                   begin_step=0, end_step=6, frequency=2)
     train(model, opt, 3)
     checkpoint = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict()})
@@ -217,7 +217,7 @@ def test_state_dict_round_trip_resumes_bitwise():
     train(model, opt, 5, start=3)
 
     resumed = pt.DistributedOptimizer(sgd(resumed_model), named_parameters=named(resumed_model, "r"),
-                                      sparsity=0.9, begin_step=0, end_step=6, frequency=2)
+                                      sparsity=0.9, ranking="layer", begin_step=0, end_step=6, frequency=2)
     resumed_model.load_state_dict(checkpoint["model"])
     resumed.load_state_dict(checkpoint["opt"])
     assert resumed.step_count == 3
@@ -231,7 +231,7 @@ def test_state_dict_round_trip_resumes_bitwise():
 
 def test_broadcast_masks_gives_every_rank_the_root_masks():
     model = make_model()
-    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "bm"), sparsity=0.5,
+    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "bm"), sparsity=0.5, ranking="layer",
                                   begin_step=0, end_step=0)
     train(model, opt, 1)
     rank_masks = opt.masks()
@@ -245,7 +245,7 @@ def test_broadcast_masks_gives_every_rank_the_root_masks():
 
 def test_mask_drift_raises_on_every_rank_before_communicating():
     model = make_model()
-    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "drift"), sparsity=0.5,
+    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "drift"), sparsity=0.5, ranking="layer",
                                   begin_step=0, end_step=0, verify_every=2)
     train(model, opt, 2)  # set_masks is local: the check is due at a step every rank knows (here step 2)
     masks = opt.masks()
@@ -261,7 +261,7 @@ def test_mask_drift_raises_on_every_rank_before_communicating():
 
 def test_stats_report_bytes_handed_to_horovod():
     model = make_model()
-    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "s"), sparsity=0.9,
+    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "s"), sparsity=0.9, ranking="layer",
                                   begin_step=0, end_step=0, pack_min_numel=0)
     train(model, opt, 2)
     stats = opt.stats()
@@ -276,7 +276,7 @@ def test_stats_report_bytes_handed_to_horovod():
 def test_horovod_broadcast_helpers_work_on_the_wrapper():
     model = make_model(seed=hvd.rank())  # ranks start different, as in a real job
     opt = pt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-2), named_parameters=named(model, "hb"),
-                                  sparsity=0.9, begin_step=0, end_step=0)
+                                  sparsity=0.9, ranking="layer", begin_step=0, end_step=0)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)  # its zero-gradient step on a fresh optimizer is local, uncounted
     pt.broadcast_masks(opt, root_rank=0)
@@ -293,7 +293,7 @@ def test_pt_broadcast_optimizer_state_is_local_and_does_not_count_a_step():
 
     def wrap():
         inner = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
-        return pt.DistributedOptimizer(inner, named_parameters=named(model, "bo"), sparsity=0.9, begin_step=0, end_step=0)
+        return pt.DistributedOptimizer(inner, named_parameters=named(model, "bo"), sparsity=0.9, ranking="layer", begin_step=0, end_step=0)
 
     opt = wrap()
     train(model, opt, 1)  # both ranks: state and masks exist

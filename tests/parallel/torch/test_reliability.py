@@ -30,7 +30,7 @@ def step_on(model, opt, step):
 def test_200_steps_keep_parameters_and_state_bitwise_identical(make_optimizer):
     model = tiny_model()
     opt = pt.DistributedOptimizer(make_optimizer(model.parameters()), named_parameters=model.named_parameters(),
-                                  sparsity=0.9, begin_step=0, end_step=150, frequency=25, pack_min_numel=0)
+                                  sparsity=0.9, ranking="layer", begin_step=0, end_step=150, frequency=25, pack_min_numel=0)
     for step in range(200):
         step_on(model, opt, step)
     assert_same_on_all_ranks(dict(model.named_parameters()))
@@ -44,7 +44,7 @@ def test_200_steps_keep_parameters_and_state_bitwise_identical(make_optimizer):
 def test_silent_mask_drift_is_caught_before_the_next_all_reduce():
     model = tiny_model()
     opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
-                                  sparsity=0.5, begin_step=0, end_step=0, pack_min_numel=0, verify_every=2)
+                                  sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0, verify_every=2)
     step_on(model, opt, 0)
     if hvd.rank() == 1:  # corrupt the packing state itself: same count, other positions
         opt._pruner.masks["2.weight"] = opt._pruner.masks["2.weight"].flip(1).contiguous()
@@ -70,7 +70,7 @@ def test_pruned_weights_stay_exactly_zero_without_the_re_zeroing_pass(make_optim
     """For optimizers whose zero weight, gradient and state stay zero, the pass runs only at mask changes."""
     model = tiny_model()
     opt = pt.DistributedOptimizer(make_optimizer(model.parameters()), named_parameters=model.named_parameters(),
-                                  sparsity=0.8, begin_step=0, end_step=4, frequency=2, pack_min_numel=0, verify_every=0)
+                                  sparsity=0.8, ranking="layer", begin_step=0, end_step=4, frequency=2, pack_min_numel=0, verify_every=0)
     passes = []
     original = opt._pruner.apply_to_weights
     monkeypatch.setattr(opt._pruner, "apply_to_weights", lambda: passes.append(opt.step_count) or original())
@@ -87,7 +87,7 @@ def test_a_check_hashes_a_mask_once_not_at_every_check(monkeypatch):
     """Masks change only at installs: the Mask Tracker reuses each mask's hash until the tensor changes."""
     model = tiny_model()
     opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
-                                  sparsity=0.5, begin_step=0, end_step=0, pack_min_numel=0, verify_every=1)
+                                  sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0, verify_every=1)
     hashed = []
     original = pruning.mask_fingerprint
     monkeypatch.setattr(pruning, "mask_fingerprint", lambda mask: hashed.append(mask.size) or original(mask))

@@ -32,7 +32,7 @@ def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
     size = hvd.size()
     model = make_model()
     opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, f"t{op}"), op=op, values="ternary",
-                                  sparsity=0.9, begin_step=0, end_step=0, pack_min_numel=1000)
+                                  sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=1000)
     opt.zero_grad()
     loss_of(model, 0).backward()
     opt.step()  # step 0 prunes once; nothing was packed yet
@@ -101,7 +101,7 @@ def test_ternary_training_reduces_loss():
     model = torch.nn.Linear(64, 4, bias=False)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = pt.DistributedOptimizer(sgd(model, lr=0.02), named_parameters=[("w", model.weight)], values="ternary",
-                                  sparsity=0.5, begin_step=0, end_step=0, pack_min_numel=0)
+                                  sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0)
     losses = []
     for _ in range(150):
         opt.zero_grad()
@@ -129,7 +129,7 @@ def test_bad_values_arguments_are_refused_before_anything(kwargs, message):
 def test_ternary_memory_round_trips_and_a_misfit_residual_changes_nothing():
     """Each rank's checkpoint carries its own error memory; a residual that does not fit its mask is refused."""
     model = make_model()
-    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "mem"), values="ternary", sparsity=0.5,
+    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "mem"), values="ternary", sparsity=0.5, ranking="layer",
                                   begin_step=0, end_step=0, pack_min_numel=0)
     for step in range(3):
         opt.zero_grad()
@@ -143,7 +143,7 @@ def test_ternary_memory_round_trips_and_a_misfit_residual_changes_nothing():
     assert all(r.numel() == int(opt.masks()[name].sum()) for name, r in residuals.items())
 
     model_b = make_model()
-    twin = pt.DistributedOptimizer(sgd(model_b), named_parameters=named(model_b, "mem"), values="ternary", sparsity=0.5,
+    twin = pt.DistributedOptimizer(sgd(model_b), named_parameters=named(model_b, "mem"), values="ternary", sparsity=0.5, ranking="layer",
                                    begin_step=0, end_step=0, pack_min_numel=0)
     first = sorted(residuals)[0]
     broken = {**saved, "pactrain": {**saved["pactrain"], "ternary": {
@@ -158,7 +158,7 @@ def test_ternary_memory_round_trips_and_a_misfit_residual_changes_nothing():
     other_rank = {**saved, "pactrain": {**saved["pactrain"], "ternary": {**saved["pactrain"]["ternary"], "rank": -1}}}
     model_c = make_model()
     fresh = pt.DistributedOptimizer(sgd(model_c), named_parameters=named(model_c, "mem"), values="ternary",
-                                    sparsity=0.5, begin_step=0, end_step=0, pack_min_numel=0)
+                                    sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0)
     fresh.load_state_dict(other_rank)  # another rank's memory is not this rank's: start from none
     assert fresh.step_count == 3 and fresh._ternary.memory.residuals == {}
 
@@ -168,7 +168,7 @@ def test_an_overflow_on_one_rank_skips_the_step_everywhere_and_leaves_the_error_
     carries one rank's inf to every rank, so every rank skips, and no residual becomes NaN."""
     model = make_model()
     opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "amp"), values="ternary",
-                                  sparsity=0.8, begin_step=0, end_step=0, pack_min_numel=1000)
+                                  sparsity=0.8, ranking="layer", begin_step=0, end_step=0, pack_min_numel=1000)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
     skipped = []
@@ -199,7 +199,7 @@ def test_scales_loaded_on_one_rank_reach_every_rank_and_the_codes_leave_from_the
 
     model = make_model()
     opt = pt.DistributedOptimizer(inner(model), named_parameters=named(model, f"sc.{broadcast}"), values="ternary",
-                                  sparsity=0.5, begin_step=0, end_step=0, pack_min_numel=0)
+                                  sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0)
     for step in range(3):
         opt.zero_grad()
         loss_of(model, step).backward()
@@ -212,7 +212,7 @@ def test_scales_loaded_on_one_rank_reach_every_rank_and_the_codes_leave_from_the
 
     resumed_model = make_model(seed=hvd.rank() + 1)  # other weights on every rank until the broadcast
     resumed = pt.DistributedOptimizer(inner(resumed_model), named_parameters=named(resumed_model, f"sc.{broadcast}"),
-                                      values="ternary", sparsity=0.5, begin_step=0, end_step=0, pack_min_numel=0)
+                                      values="ternary", sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0)
     if hvd.rank() == 0:
         resumed_model.load_state_dict(saved["model"])
         resumed.load_state_dict(saved["optimizer"])
