@@ -65,9 +65,10 @@ def test_quick_run(tmp_path):
         assert cell["samples_per_s"] > 0 and 0 < cell["ratio_to_bound"] < 1.5
         assert cell["wire_tx_bytes_per_step"] >= 0.95 * cell["ideal_ring_bytes_per_worker"]  # counters see the data
     dense, packed = cells["dense"], cells["pactrain-0.9-fp16"]
-    # ResNet-18: 44.7 MB dense; 0.9 sparsity and fp16 values leave ~2.26 MB, all of it on the NIC.
+    # ResNet-18: 44.7 MB dense; 0.9 sparsity (ERK, the default ranking) and fp16 values leave ~2.31 MB, all of
+    # it on the NIC (per-layer ranking left 2.26 MB: ERK keeps the small tensors denser, some of them dense).
     assert dense["wire_tx_bytes_per_step"] == pytest.approx(44.7e6, rel=0.1)
-    assert packed["payload"]["allreduce_bytes"] == pytest.approx(2.26e6, rel=0.01)
+    assert packed["payload"]["allreduce_bytes"] == pytest.approx(2.311e6, rel=0.01)
     assert packed["wire_tx_bytes_per_step"] < dense["wire_tx_bytes_per_step"] / 8
     # Speed is the benchmark's verdict, not this test's (a shared machine); physics is this test's:
     # no step finishes before its bytes have crossed the rate-limited link.
