@@ -281,6 +281,13 @@ def previous_runs(path: Path, protocol: dict) -> dict[str, dict]:
     return {run["name"]: run for run in record["runs"] if "name" in run and "error" not in run}
 
 
+def save(out: Path, settings: dict, runs: dict[str, dict]) -> None:
+    """``results.json`` and ``results.md`` as they stand: a stop loses at most the run in flight."""
+    settings["seeds"] = sorted({r["seed"] for r in runs.values()})
+    (out / "results.json").write_text(json.dumps({"settings": settings, "runs": list(runs.values())}, indent=2) + "\n")
+    write_markdown(out / "results.md", list(runs.values()), settings)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
@@ -295,13 +302,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[accuracy] {run.name}: kept from {out / 'results.json'}", flush=True)
             continue
         runs[run.name] = run_one(run, args, out)
-        settings["seeds"] = sorted({r["seed"] for r in runs.values()})
-        (out / "results.json").write_text(json.dumps({"settings": settings, "runs": list(runs.values())}, indent=2)
-                                          + "\n")
-        write_markdown(out / "results.md", list(runs.values()), settings)
-    settings.update(seeds=sorted({r["seed"] for r in runs.values()}), load_after=os.getloadavg())
-    (out / "results.json").write_text(json.dumps({"settings": settings, "runs": list(runs.values())}, indent=2) + "\n")
-    write_markdown(out / "results.md", list(runs.values()), settings)
+        save(out, settings, runs)
+    settings["load_after"] = os.getloadavg()
+    save(out, settings, runs)
     write_plot(out / "accuracy.png", list(runs.values()), settings["tasks"])
     print(f"[accuracy] wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'accuracy.png'}")
     failed = [r["log"] for r in runs.values() if "error" in r]

@@ -195,25 +195,33 @@ def compute_bound(config: BenchConfig, processes: Processes, model: str, workdir
     """
     batch = config.batch_sizes[model]
     outs = [workdir / f"bound-{model}-{rank}.json" for rank in range(config.world_size)]
-    logs = [open(workdir / f"bound-{model}-{rank}.log", "w") for rank in range(config.world_size)]
-    try:
-        workers = [processes.start(python_module(
-            "pactrain_hvd.bench.worker", "--model", model, "--compute-only", "--batch-size", str(batch),
-            "--warmup", str(config.warmup), "--steps", str(config.steps), "--seed", str(config.seed),
-            "--threads", str(config.threads), "--out", str(out)), stdout=log, stderr=subprocess.STDOUT, env=child_env())
-            for out, log in zip(outs, logs)]
-        failure = wait_all(workers, processes, config.cell_timeout_s)
-    finally:
-        for log in logs:
-            log.close()
-    if failure:
-        raise RuntimeError(f"compute bound for {model} failed: {failure}\n{tail(workdir / f'bound-{model}-0.log')}")
+    commands = [python_module("pactrain_hvd.bench.worker", "--model", model, "--compute-only", "--batch-size", str(batch),
+                              "--warmup", str(config.warmup), "--steps", str(config.steps), "--seed", str(config.seed),
+                              "--threads", str(config.threads), "--out", str(out)) for out in outs]
+    run_concurrently(processes, commands, [out.with_suffix(".log") for out in outs], config.cell_timeout_s,
+                     f"compute bound for {model}")
     ranks = [json.loads(out.read_text()) for out in outs]
     medians = [statistics.median(s["total"] for s in r["steps"]) for r in ranks]
     return {"model": model, "batch_size": batch, "workers": config.world_size,
             "step_s_per_worker": medians, "step_s": statistics.median(medians),
             "samples_per_s": sum(batch / m for m in medians),
             "compute_s": statistics.median(statistics.median(s["compute"] for s in r["steps"]) for r in ranks)}
+
+
+def run_concurrently(processes: Processes, commands: list[list[str]], logs: list[Path], timeout_s: float,
+                     what: str) -> None:
+    """Every command at once on this machine (no namespace, no Horovod), each writing its own log; a
+    failure raises ``RuntimeError`` naming ``what``, with the first log's tail."""
+    files = [open(log, "w") for log in logs]
+    try:
+        started = [processes.start(command, stdout=file, stderr=subprocess.STDOUT, env=child_env())
+                   for command, file in zip(commands, files)]
+        failure = wait_all(started, processes, timeout_s)
+    finally:
+        for file in files:
+            file.close()
+    if failure:
+        raise RuntimeError(f"{what} failed: {failure}\n{tail(logs[0])}")
 
 
 # -- cells -------------------------------------------------------------------------------------

@@ -25,12 +25,11 @@ from pathlib import Path
 
 from pactrain_hvd.bench.harness import (
     Processes,
-    child_env,
     cleanup_on_signals,
     probe_links,
     python_module,
+    run_concurrently,
     run_job,
-    wait_all,
 )
 from pactrain_hvd.bench.links import Loopback, Topology, namespaces_unavailable, parse_link
 from pactrain_hvd.bench.tta_report import write_report
@@ -67,16 +66,9 @@ def worker_command(args: argparse.Namespace, workload: str, method: str, out: Pa
 def concurrent_bound(args: argparse.Namespace, workload: str, workers: int, processes: Processes, workdir: Path) -> dict:
     """``workers`` plain-torch trainings at once, no communication: the step-time floor of this machine."""
     outs = [workdir / f"bound-{workload}-{rank}.json" for rank in range(workers)]
-    logs = [open(workdir / f"bound-{workload}-{rank}.log", "w") for rank in range(workers)]
-    try:
-        started = [processes.start(worker_command(args, workload, "dense", out, compute_only=True, steps=BOUND_STEPS),
-                                   stdout=log, stderr=log, env=child_env()) for out, log in zip(outs, logs)]
-        failure = wait_all(started, processes, args.timeout)
-    finally:
-        for log in logs:
-            log.close()
-    if failure:
-        raise RuntimeError(f"compute bound for {workload} failed: {failure}")
+    commands = [worker_command(args, workload, "dense", out, compute_only=True, steps=BOUND_STEPS) for out in outs]
+    run_concurrently(processes, commands, [out.with_suffix(".log") for out in outs], args.timeout,
+                     f"compute bound for {workload}")
     ranks = [json.loads(out.read_text()) for out in outs]
     step_s = statistics.median(statistics.median(r["step_s"][2:] or r["step_s"]) for r in ranks)
     return {"workers": workers, "step_s": step_s, "samples_per_s": workers * ranks[0]["batch_size"] / step_s}

@@ -56,12 +56,12 @@ class Workload:
     make_optimizer: Callable[[torch.nn.Module, int], torch.optim.Optimizer]  # (model, world size)
     next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]]  # this rank's next training batch
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    evaluate: Callable[[str], float]  # the held-out metric over all ranks (a collective under Horovod)
+    evaluate: Callable[[str], float]  # the held-out metric over all ranks (a Horovod collective)
     metric: str
     samples_per_step: int  # per worker
 
 
-def image(batch_size: int, eval_samples: int, rank: int, size: int, distributed: bool) -> Workload:
+def image(batch_size: int, eval_samples: int, rank: int, size: int) -> Workload:
     fashion = example("pytorch_fashion_mnist")
     images, labels = load_fashion_mnist("train")
     train = TensorDataset(torch.from_numpy(images).unsqueeze(1), torch.from_numpy(labels))
@@ -71,6 +71,7 @@ def image(batch_size: int, eval_samples: int, rank: int, size: int, distributed:
     test = TensorDataset(torch.from_numpy(images[:eval_samples]).unsqueeze(1), torch.from_numpy(labels[:eval_samples]))
     test_loader = DataLoader(test, batch_size=500, sampler=DistributedSampler(test, size, rank, shuffle=False))
     state = {"epoch": 0, "batches": iter(())}
+    model = fashion.FashionVGG()
 
     def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
         batch = next(state["batches"], None)
@@ -82,16 +83,13 @@ def image(batch_size: int, eval_samples: int, rank: int, size: int, distributed:
         return fashion.to_device(*batch, torch.device("cpu"))
 
     def evaluate(name: str) -> float:
-        if distributed:
-            return fashion.evaluate(model, test_loader, torch.device("cpu"), name)[1]
-        return float("nan")
+        return fashion.evaluate(model, test_loader, torch.device("cpu"), name)[1]
 
-    model = fashion.FashionVGG()
     return Workload(model, lambda m, n: torch.optim.SGD(m.parameters(), lr=0.05 * n, momentum=0.9, weight_decay=5e-4),
                     next_batch, torch.nn.functional.cross_entropy, evaluate, "test_accuracy", batch_size)
 
 
-def language(batch_size: int, eval_batches: int, rank: int, size: int, distributed: bool, seed: int) -> Workload:
+def language(batch_size: int, eval_batches: int, rank: int, size: int, seed: int) -> Workload:
     lm = example("pytorch_char_lm")
     text = load_bible_text()
     vocab = CharVocab.from_text(text)
@@ -105,8 +103,6 @@ def language(batch_size: int, eval_batches: int, rank: int, size: int, distribut
         return torch.from_numpy(inputs), torch.from_numpy(targets)
 
     def evaluate(name: str) -> float:
-        if not distributed:
-            return float("nan")
         settings = SimpleNamespace(batch_size=batch_size, block_size=block, val_batches=eval_batches)
         return lm.evaluate(model, val_ids, settings, torch.device("cpu"), name)[1]
 
@@ -116,8 +112,8 @@ def language(batch_size: int, eval_batches: int, rank: int, size: int, distribut
 
 def build_workload(args: argparse.Namespace, rank: int, size: int) -> Workload:
     if args.workload == "image":
-        return image(args.batch_size or 64, args.eval_samples, rank, size, not args.compute_only)
-    return language(args.batch_size or 16, args.eval_batches, rank, size, not args.compute_only, args.seed)
+        return image(args.batch_size or 64, args.eval_samples, rank, size)
+    return language(args.batch_size or 16, args.eval_batches, rank, size, args.seed)
 
 
 def main(argv: list[str] | None = None) -> int:
