@@ -2,7 +2,9 @@
 
 ``dense``, ``fp16``, ``topk`` (``topk-0.001``: density), ``powersgd`` (``powersgd-r8``: rank),
 ``pactrain-0.9`` (fp32 values), ``pactrain-0.9-fp16``, ``pactrain-0.9-ternary`` (shared-scale ternary
-codes in int32 lanes, ``values="ternary"``).
+codes in int32 lanes, ``values="ternary"``). A PacTrain name may end in a pruning window as fractions of
+the run (``pactrain-0.9-fp16-w0-0.3``: from step 0 to 30 % of ``total_steps``); without one the
+product's default window applies.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class MethodSpec:
     ternary_values: bool = False
     density: float = TOPK_DENSITY
     rank: int = POWERSGD_RANK
+    window: tuple[float, float] | None = None  # PacTrain: (begin, end) as fractions of the run
 
 
 def parse_method(name: str) -> MethodSpec:
@@ -44,8 +47,11 @@ def parse_method(name: str) -> MethodSpec:
         if rank < 1:
             raise ValueError(f"method {name!r}: PowerSGD rank must be >= 1")
         return MethodSpec(name, "powersgd", rank=rank)
-    if match := re.fullmatch(r"pactrain-(0?\.\d+)(-fp16|-ternary)?", name):
+    if match := re.fullmatch(r"pactrain-(0?\.\d+)(-fp16|-ternary)?(?:-w(\d*\.?\d+)-(\d*\.?\d+))?", name):
+        window = (float(match.group(3)), float(match.group(4))) if match.group(3) else None
+        if window is not None and not 0 <= window[0] <= window[1] <= 1:
+            raise ValueError(f"method {name!r}: the pruning window must be 0 <= begin <= end <= 1")
         return MethodSpec(name, "pactrain", sparsity=float(match.group(1)), fp16_values=match.group(2) == "-fp16",
-                          ternary_values=match.group(2) == "-ternary")
+                          ternary_values=match.group(2) == "-ternary", window=window)
     raise ValueError(f"unknown method {name!r}: use dense, fp16, topk[-DENSITY], powersgd[-rRANK], "
-                     "pactrain-SPARSITY[-fp16|-ternary]")
+                     "pactrain-SPARSITY[-fp16|-ternary][-wBEGIN-END]")

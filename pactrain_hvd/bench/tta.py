@@ -58,7 +58,7 @@ def save_record(path: Path, record: dict) -> None:
 def worker_command(args: argparse.Namespace, workload: str, method: str, out: Path, compute_only: bool = False,
                    steps: int | None = None) -> list[str]:
     flags = ["--workload", workload, "--method", method, "--steps", str(steps or args.steps), "--eval-every",
-             str(args.eval_every), "--eval-samples", str(args.eval_samples), "--eval-batches", str(args.eval_batches),
+             str(args.eval_every), "--budget-s", str(0.0 if compute_only else args.budget_s), "--eval-samples", str(args.eval_samples), "--eval-batches", str(args.eval_batches),
              "--seed", str(args.seed), "--out", str(out)]
     return python_module("pactrain_hvd.bench.tta_worker", *flags, *(["--compute-only"] if compute_only else []))
 
@@ -94,10 +94,12 @@ def run_cell(args: argparse.Namespace, record: dict, workload: str, link_text: s
              processes: Processes, workdir: Path) -> None:
     key = cell_key(workload, link_text, workers)
     cell = record["cells"].setdefault(key, {"workload": workload, "link": link_text, "workers": workers, "runs": {},
-                                            "steps": args.steps, "eval_every": args.eval_every})
-    if (cell["steps"], cell["eval_every"]) != (args.steps, args.eval_every):
-        raise RuntimeError(f"{key} in {args.record} ran {cell['steps']} steps (evaluation every {cell['eval_every']}); "
-                           f"this run asks for {args.steps} ({args.eval_every}): use the same, or another --record")
+                                            "steps": args.steps, "eval_every": args.eval_every,
+                                            "budget_s": args.budget_s})
+    protocol = (cell["steps"], cell["eval_every"], cell.get("budget_s", 0.0))
+    if protocol != (args.steps, args.eval_every, args.budget_s):
+        raise RuntimeError(f"{key} in {args.record} ran (steps, evaluation interval, budget) {protocol}; this run asks "
+                           f"for {(args.steps, args.eval_every, args.budget_s)}: use the same, or another --record")
     todo = [m for m in args.methods if m not in cell["runs"]]
     if not todo:
         print(f"[tta] {key}: every method is in the record already", flush=True)
@@ -142,6 +144,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
     parser.add_argument("--steps", type=int, default=900, help="optimizer steps per run (every method)")
     parser.add_argument("--eval-every", type=int, default=75)
+    parser.add_argument("--budget-s", type=float, default=0.0,
+                        help="per run, stop at the first evaluation past this many training seconds (0: none)")
     parser.add_argument("--eval-samples", type=int, default=10000, help="image: test images per evaluation")
     parser.add_argument("--eval-batches", type=int, default=20, help="language: validation batches per worker")
     parser.add_argument("--seed", type=int, default=1)

@@ -58,7 +58,7 @@ def summarize(cell: dict) -> dict:
         rows[method] = {
             "final": run["curve"][-1][2], "time_to_target": time_to(run["curve"], first, metric),
             "time_to_lower": time_to(run["curve"], second, metric), "at_budget": at_budget(run["curve"], budget),
-            "train_s": run["train_s"], "samples_per_s": samples,
+            "steps": run["steps"], "train_s": run["train_s"], "samples_per_s": samples,
             "x_bound": samples / cell["bound"]["samples_per_s"] if cell.get("bound") else None,
             "nic_mb": sum(nic) / len(nic) / 1e6 if nic else None, "sparsity": run.get("sparsity", 0.0),
         }
@@ -87,21 +87,27 @@ def seconds(value: float | None) -> str:
     return "not reached" if value is None else f"{value:.0f} s"
 
 
+def capped(cell: dict) -> str:
+    budget = cell.get("budget_s", 0.0)
+    return f" or until the first evaluation past {budget:.0f} s of training" if budget else ""
+
+
 def cell_markdown(key: str, cell: dict, summary: dict) -> str:
     metric = summary["metric"]
     lines = [f"### {key}: {cell.get('where', '')}", "",
-             f"{cell['steps']} steps per method, evaluation every {cell['eval_every']} (excluded from the clock); "
+             f"{cell['steps']} steps per method{capped(cell)}, evaluation every {cell['eval_every']} (excluded from "
+             "the clock); "
              f"concurrent compute bound {cell['bound']['samples_per_s']:.1f} samples/s; load "
              f"{' '.join(f'{x:.1f}' for x in cell.get('load', []))}. Target {summary['target']:.4f} (dense fp16's "
              f"final, loosened), lower target {summary['lower_target']:.4f}; budget {summary['budget_s']:.0f} s.", "",
-             f"| method | final {metric} | to target | to lower target | at budget | training s | samples/s | "
-             "x bound | NIC MB/worker |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"| method | final {metric} | to target | to lower target | at budget | steps | training s | samples/s | "
+             "x bound | NIC MB/worker |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for method, row in summary["rows"].items():
         budget = "n/a" if row["at_budget"] is None else f"{row['at_budget']:.4f}"
         x_bound = "n/a" if row["x_bound"] is None else f"{row['x_bound']:.2f}"
         nic = "n/a" if row["nic_mb"] is None else f"{row['nic_mb']:.0f}"
         lines.append(f"| {method} | {row['final']:.4f} | {seconds(row['time_to_target'])} | "
-                     f"{seconds(row['time_to_lower'])} | {budget} | {row['train_s']:.0f} | {row['samples_per_s']:.1f} | "
+                     f"{seconds(row['time_to_lower'])} | {budget} | {row['steps']} | {row['train_s']:.0f} | {row['samples_per_s']:.1f} | "
                      f"{x_bound} | {nic} |")
     v = summary["verdict"]
     if "speedup_over_best_peer" in v:

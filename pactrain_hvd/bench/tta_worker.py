@@ -8,7 +8,8 @@ of ``examples/pytorch_fashion_mnist.py --model vgg`` and of the 5 M-parameter ch
 ``examples/pytorch_char_lm.py``, imported from those files so that there is one definition of each.
 Every method gets the same seed, data order, optimizer and cosine learning rate over ``--steps``;
 PacTrain prunes with ``total_steps=--steps``. Evaluation every ``--eval-every`` steps is excluded
-from the training clock. ``--compute-only``: one process, no Horovod, the plain optimizer (the
+from the training clock; ``--budget-s`` ends a run at the first evaluation past that much training
+time (a slow method on a slow link then does fewer steps of the same schedule). ``--compute-only``: one process, no Horovod, the plain optimizer (the
 bound). Rank 0 writes the curve: (training seconds, step, metric, this rank's NIC bytes sent).
 """
 
@@ -116,6 +117,12 @@ def build_workload(args: argparse.Namespace, rank: int, size: int) -> Workload:
     return language(args.batch_size or 16, args.eval_batches, rank, size, args.seed)
 
 
+def past_budget(train_s: float, budget_s: float) -> bool:
+    """Rank 0's verdict, so that every rank stops after the same step (a broadcast per evaluation, off the clock)."""
+    verdict = torch.tensor([float(train_s >= budget_s)])
+    return bool(hvd.broadcast(verdict, root_rank=0, name="tta.budget")[0])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -155,9 +162,11 @@ def main(argv: list[str] | None = None) -> int:
             curve.append([train_s, step, metric, tx() - tx_start])
             if rank == 0:
                 print(f"step {step}: {workload.metric} {metric:.4f} after {train_s:.1f} s of training", flush=True)
+            if args.budget_s and past_budget(train_s, args.budget_s):
+                break
     stats = trainer.stats() if hasattr(trainer, "stats") else None
     record = {"workload": args.workload, "method": args.method, "metric": workload.metric, "rank": rank, "size": size,
-              "steps": args.steps, "batch_size": workload.samples_per_step, "seed": args.seed, "curve": curve,
+              "steps": len(step_s), "planned_steps": args.steps, "budget_s": args.budget_s, "batch_size": workload.samples_per_step, "seed": args.seed, "curve": curve,
               "step_s": step_s, "train_s": train_s, "losses": losses[:: max(1, len(losses) // 50)],
               "parameters": sum(p.numel() for p in model.parameters()),
               "sparsity": stats["sparsity"] if stats else 0.0, "compute_only": args.compute_only}
@@ -175,6 +184,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-samples", type=int, default=10000, help="image: test images per evaluation")
     parser.add_argument("--eval-batches", type=int, default=20, help="language: validation batches per worker")
     parser.add_argument("--batch-size", type=int, default=None, help="per worker (image 64, language 16)")
+    parser.add_argument("--budget-s", type=float, default=0.0,
+                        help="stop at the first evaluation after this many training seconds (0: run every step)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--compute-only", action="store_true", help="no Horovod: the compute bound")

@@ -67,8 +67,11 @@ def make_distributed_optimizer(spec: MethodSpec, optimizer: torch.optim.Optimize
         return PowerSGDDistributedOptimizer(optimizer, named, rank=spec.rank, clock=clock)
     if spec.kind == "pactrain":
         instrument(PacTrainCompressor, ("compress", "decompress"), clock)
-        compression = hvd.Compression.fp16 if spec.fp16_values else hvd.Compression.none
+        # Ternary's dense-plan tensors (and its dense start) travel as fp16: the cheapest honest setting.
+        compression = hvd.Compression.fp16 if spec.fp16_values or spec.ternary_values else hvd.Compression.none
         schedule = dict(total_steps=total_steps) if total_steps else dict(begin_step=0, end_step=0)
+        if total_steps and spec.window:
+            schedule.update(begin_step=int(spec.window[0] * total_steps), end_step=int(spec.window[1] * total_steps))
         return pt.DistributedOptimizer(optimizer, named_parameters=named, compression=compression,
                                        sparsity=spec.sparsity, values="ternary" if spec.ternary_values else "fp32",
                                        **schedule)

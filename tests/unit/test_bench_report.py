@@ -100,6 +100,11 @@ def test_parse_method(name, kind, sparsity, fp16):
 def test_parse_method_options_and_errors():
     assert parse_method("topk").density == 0.01 and parse_method("topk-0.001").density == 0.001
     assert parse_method("powersgd").rank == 4 and parse_method("powersgd-r8").rank == 8
+    assert parse_method("pactrain-0.9-fp16").window is None
+    spec = parse_method("pactrain-0.9-ternary-w0-0.3")
+    assert (spec.sparsity, spec.ternary_values, spec.window) == (0.9, True, (0.0, 0.3))
+    with pytest.raises(ValueError, match="pruning window"):
+        parse_method("pactrain-0.9-fp16-w0.5-0.2")
     with pytest.raises(ValueError, match="unknown method"):
         parse_method("pactrain")
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pactrain_hvd.bench.tta_report import at_budget, summarize, time_to
+from pactrain_hvd.bench.tta_report import at_budget, cell_markdown, summarize, time_to
 
 
 def run(curve, metric="test_accuracy", steps=4):
@@ -38,3 +38,14 @@ def test_perplexity_is_better_lower():
     assert at_budget(curve, 1.5) == 9.0
     summary = summarize(cell({"fp16": run(curve, "val_perplexity"), "dense": run([[3, 2, 6.0, 0]], "val_perplexity")}))
     assert summary["target"] == pytest.approx(5.05) and summary["lower_target"] == 6.0
+
+
+def test_a_capped_run_reports_the_steps_it_did():
+    capped = dict(cell({"fp16": run([[20, 2, 0.80, 0], [40, 4, 0.90, 0]]),
+                        "dense": run([[30, 2, 0.75, 0]], steps=2)}), budget_s=25.0)
+    summary = summarize(capped)
+    assert summary["rows"]["dense"]["steps"] == 2
+    assert summary["rows"]["dense"]["samples_per_s"] == pytest.approx(2 * 64 * 2 / 30)
+    text = cell_markdown("image/25mbit/4w", capped, summary)
+    assert "4 steps per method or until the first evaluation past 25 s of training" in text
+    assert "| dense | 0.7500 | not reached | 30 s | 0.7500 | 2 | 30 |" in text
