@@ -15,6 +15,7 @@ import os
 import platform
 import select
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -69,7 +70,9 @@ class BenchConfig:
 
     def validate(self) -> None:
         for method in self.methods:
-            parse_method(method)
+            if parse_method(method).frontend != "horovod":
+                raise ValueError(f"method {method!r} runs on DDP: the throughput benchmark runs Horovod methods "
+                                 "(DDP's run in bench tta)")
         unknown = [m for m in self.models if m not in self.batch_sizes]
         if unknown:
             raise ValueError(f"no batch size for model(s) {', '.join(unknown)}: pass --batch-size MODEL=N")
@@ -262,14 +265,23 @@ def start_rendezvous(topology: Topology | Loopback, processes: Processes) -> tup
     return server, int(json.loads(line)["port"])
 
 
-def rank_env(topology: Topology | Loopback, rank: int, port: int, cycle_time_ms: float | None = None) -> dict[str, str]:
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def rank_env(topology: Topology | Loopback, rank: int, port: int, cycle_time_ms: float | None = None,
+             master_port: int = 0) -> dict[str, str]:
+    """Horovod's Gloo rendezvous and NIC for ``rank``, and torch.distributed's (the DDP methods: rank 0's address)."""
     env = child_env()
     if cycle_time_ms is not None:
         env["HOROVOD_CYCLE_TIME"] = f"{cycle_time_ms:g}"
     device = topology.worker_device(rank)
     env.update(HOROVOD_GLOO_RENDEZVOUS_ADDR=topology.bridge_address, HOROVOD_GLOO_RENDEZVOUS_PORT=str(port),
                HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo", HOROVOD_GLOO_IFACE=device,
-               NCCL_SOCKET_IFNAME=device, **slot_env(slot_plan(topology.world_size)[rank]))
+               NCCL_SOCKET_IFNAME=device, **slot_env(slot_plan(topology.world_size)[rank]),
+               MASTER_ADDR=topology.worker_address(0), MASTER_PORT=str(master_port), GLOO_SOCKET_IFNAME=device)
     return env
 
 
@@ -281,11 +293,12 @@ def run_job(topology: Topology | Loopback, processes: Processes, command: Callab
     stdout and stderr. A failure raises ``RuntimeError`` with the tails of the logs.
     """
     server, port = start_rendezvous(topology, processes)
+    master_port = free_port()  # free here, and so in a fresh namespace too
     logs = [None if rank == show_rank else open(logdir / f"rank{rank}.log", "w") for rank in range(topology.world_size)]
     try:
         workers = [processes.start(in_namespace(topology.worker_namespace(rank), command(rank)),
                                    stdout=logs[rank], stderr=subprocess.STDOUT if logs[rank] else None,
-                                   env=rank_env(topology, rank, port, cycle_time_ms))
+                                   env=rank_env(topology, rank, port, cycle_time_ms, master_port))
                    for rank in range(topology.world_size)]
         failure = wait_all(workers, processes, timeout_s)
     finally:

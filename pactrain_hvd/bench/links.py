@@ -193,6 +193,9 @@ class Loopback:
     def worker_device(self, rank: int) -> str:
         return "lo"
 
+    def worker_address(self, rank: int) -> str:
+        return "127.0.0.1"
+
 
 @dataclass
 class Topology:

@@ -4,13 +4,16 @@
 ``pactrain-0.9`` (fp32 values), ``pactrain-0.9-fp16``, ``pactrain-0.9-ternary`` (shared-scale ternary
 codes in int32 lanes, ``values="ternary"``). A PacTrain name may end in a pruning window as fractions of
 the run (``pactrain-0.9-fp16-w0-0.3``: from step 0 to 30 % of ``total_steps``); without one the
-product's default window applies.
+product's default window applies. ``ddp``-prefixed names are the same methods on torch
+DistributedDataParallel with its comm hooks (``bench/ddp_methods.py``): ``ddp`` (DDP's own all-reduce),
+``ddp-fp16`` (``fp16_compress_hook``), ``ddp-powersgd`` (torch's ``powerSGD_hook``), ``ddp-pactrain-0.9-fp16``
+(``pt.ddp.pactrain_hook``).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 DEFAULT_METHODS = ("dense", "fp16", "topk", "powersgd", "pactrain-0.8", "pactrain-0.8-fp16", "pactrain-0.9",
                    "pactrain-0.9-fp16", "pactrain-0.95", "pactrain-0.95-fp16")
@@ -29,10 +32,16 @@ class MethodSpec:
     density: float = TOPK_DENSITY
     rank: int = POWERSGD_RANK
     window: tuple[float, float] | None = None  # PacTrain: (begin, end) as fractions of the run
+    frontend: str = "horovod"  # horovod | ddp
 
 
 def parse_method(name: str) -> MethodSpec:
     """``"pactrain-0.9-fp16"`` -> ``MethodSpec(kind="pactrain", sparsity=0.9, fp16_values=True)``."""
+    if name == "ddp" or name.startswith("ddp-"):
+        spec = parse_method(name[4:] if name != "ddp" else "dense")
+        if spec.kind == "topk" or spec.frontend == "ddp":
+            raise ValueError(f"method {name!r}: DDP runs dense, fp16, powersgd and pactrain methods")
+        return replace(spec, name=name, frontend="ddp")
     if name == "dense":
         return MethodSpec(name, "dense")
     if name == "fp16":
@@ -54,4 +63,14 @@ def parse_method(name: str) -> MethodSpec:
         return MethodSpec(name, "pactrain", sparsity=float(match.group(1)), fp16_values=match.group(2) == "-fp16",
                           ternary_values=match.group(2) == "-ternary", window=window)
     raise ValueError(f"unknown method {name!r}: use dense, fp16, topk[-DENSITY], powersgd[-rRANK], "
-                     "pactrain-SPARSITY[-fp16|-ternary][-wBEGIN-END]")
+                     "pactrain-SPARSITY[-fp16|-ternary][-wBEGIN-END], each also as ddp-NAME (ddp alone: dense)")
+
+
+def pruning_schedule(spec: MethodSpec, total_steps: int | None) -> dict[str, int]:
+    """PacTrain's schedule arguments: over ``total_steps`` (in ``spec.window`` if it has one), else prune at step 0."""
+    if not total_steps:
+        return {"begin_step": 0, "end_step": 0}
+    schedule = {"total_steps": total_steps}
+    if spec.window:
+        schedule.update(begin_step=int(spec.window[0] * total_steps), end_step=int(spec.window[1] * total_steps))
+    return schedule

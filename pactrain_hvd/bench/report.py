@@ -99,7 +99,7 @@ def evaluate_targets(results: dict) -> list[dict]:
             cell = find(results, model, link, TARGET_METHOD)
             if cell is None:
                 continue
-            verdict(">= 0.9x compute-only bound", model, link, cell["ratio_to_bound"], 0.9)
+            verdict(">= 0.9x concurrent compute bound", model, link, cell["ratio_to_bound"], 0.9)
             peers = {m: find(results, model, link, m) for m in PEERS}
             peers = {m: c for m, c in peers.items() if c}
             if peers:
@@ -158,7 +158,7 @@ def header(results: dict) -> str:
         link = results["links"][label]
         per_rank = ", ".join(f"{p['mbit_per_s']:.1f}" for p in link["probes"])
         lines.append(f"| {label} | {link['mbit_per_s']:.1f} | {per_rank} | `{link['qdisc'] or 'none'}` |")
-    lines += ["", "Compute-only bound, measured before each model's cells on each link "
+    lines += ["", "Concurrent compute bound, measured before each model's cells on each link "
               "(the machine is shared, its load drifts):", "",
               "| model | measured before link | bound samples/s | step s per worker |", "|---|---|---:|---:|"]
     for bound in results["bounds"]:
@@ -177,7 +177,7 @@ def failures(results: dict) -> str:
     return "\n".join(lines)
 
 
-COLUMNS_NOTE = """Columns: *x bound* = samples/s over the compute-only bound (the same number of plain-torch
+COLUMNS_NOTE = """Columns: *x bound* = samples/s over the concurrent compute bound (the same number of plain-torch
 workers at once, no communication); *x dense* = over `dense` on the same model and link; phases are
 per-rank medians (compress includes decompress; comm wait is time blocked in `synchronize`);
 *ideal MB/worker* = bytes one worker must send per step for what the method hands Horovod

@@ -1,4 +1,5 @@
-"""Time to accuracy on emulated links: PacTrain against dense fp32, fp16, Top-k and PowerSGD, end to end.
+"""Time to accuracy on emulated links: PacTrain against dense fp32, fp16, Top-k and PowerSGD, end to end
+(on Horovod, and on torch DDP against torch's own fp16 and PowerSGD hooks: ``ddp-`` methods).
 
     python -m pactrain_hvd.bench tta --quick          # a few steps per method: bytes and sanity (make test)
     python -m pactrain_hvd.bench tta --workloads image --links 100mbit --workers 2 --steps 900 --eval-every 75
@@ -35,8 +36,9 @@ from pactrain_hvd.bench.links import Loopback, Topology, namespaces_unavailable,
 from pactrain_hvd.bench.tta_report import write_report
 
 REPO = Path(__file__).resolve().parents[2]
-METHODS = ("dense", "fp16", "topk", "powersgd", "pactrain-0.8-fp16", "pactrain-0.9-fp16", "pactrain-0.9-ternary")
-QUICK_METHODS = ("dense", "fp16", "topk", "powersgd", "pactrain-0.9-fp16")
+METHODS = ("dense", "fp16", "topk", "powersgd", "pactrain-0.8-fp16", "pactrain-0.9-fp16", "pactrain-0.9-ternary",
+           "ddp-fp16", "ddp-powersgd", "ddp-pactrain-0.9-fp16")
+QUICK_METHODS = ("dense", "fp16", "topk", "powersgd", "pactrain-0.9-fp16", "ddp-pactrain-0.9-fp16")
 BOUND_STEPS = 20
 
 

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PEERS = ("fp16", "topk", "powersgd")
+PEERS = ("fp16", "topk", "powersgd", "ddp-fp16", "ddp-powersgd")  # DDP's: torch's own fp16 and PowerSGD hooks
+
+
+def is_pactrain(method: str) -> bool:
+    return method.startswith(("pactrain", "ddp-pactrain"))
 
 
 def higher_is_better(metric: str) -> bool:
@@ -39,7 +43,7 @@ def at_budget(curve: list[list[float]], budget_s: float) -> float | None:
 
 def targets(cell: dict) -> tuple[float, float]:
     runs, metric = cell["runs"], next(iter(cell["runs"].values()))["metric"]
-    reference = runs.get("fp16") or runs.get("dense") or next(iter(runs.values()))
+    reference = next((runs[m] for m in ("fp16", "ddp-fp16", "dense", "ddp") if m in runs), next(iter(runs.values())))
     finals = [run["curve"][-1][2] for run in runs.values()]
     worst = min(finals) if higher_is_better(metric) else max(finals)
     return loosen(reference["curve"][-1][2], metric), worst
@@ -72,7 +76,7 @@ def verdict(rows: dict) -> dict:
         timed = [(rows[n]["time_to_target"], n) for n in names if rows[n]["time_to_target"] is not None]
         return min(timed) if timed else (None, None)
 
-    ours = best([name for name in rows if name.startswith("pactrain")])
+    ours = best([name for name in rows if is_pactrain(name)])
     peer = best([name for name in rows if name in PEERS])
     result = {"pactrain": ours[1], "pactrain_s": ours[0], "peer": peer[1], "peer_s": peer[0]}
     if ours[0] is not None and peer[0] is not None:
@@ -128,7 +132,7 @@ def plot_cell(key: str, cell: dict, summary: dict, path: Path) -> None:
     figure, axis = plt.subplots(figsize=(6.4, 4.0))
     for method, run in cell["runs"].items():
         xs, _, ys, _ = zip(*run["curve"])
-        axis.plot(xs, ys, marker="o", markersize=3, label=method, linewidth=2.2 if method.startswith("pactrain") else 1.2)
+        axis.plot(xs, ys, marker="o", markersize=3, label=method, linewidth=2.2 if is_pactrain(method) else 1.2)
     axis.axhline(summary["target"], color="grey", linestyle="--", linewidth=0.8)
     axis.set_xlabel("training time, s (evaluation excluded)")
     axis.set_ylabel(summary["metric"])

@@ -9,8 +9,10 @@ of ``examples/pytorch_fashion_mnist.py --model vgg`` and of the 5 M-parameter ch
 Every method gets the same seed, data order, optimizer and cosine learning rate over ``--steps``;
 PacTrain prunes with ``total_steps=--steps``. Evaluation every ``--eval-every`` steps is excluded
 from the training clock; ``--budget-s`` ends a run at the first evaluation past that much training
-time (a slow method on a slow link then does fewer steps of the same schedule). ``--compute-only``: one process, no Horovod, the plain optimizer (the
-bound). Rank 0 writes the curve: (training seconds, step, metric, this rank's NIC bytes sent).
+time (a slow method on a slow link then does fewer steps of the same schedule). ``ddp-`` methods
+train in torch DDP (``ddp_methods.py``); Horovod still evaluates. ``--compute-only``: one process,
+no Horovod, the plain optimizer (the bound). Rank 0 writes the curve: (training seconds, step,
+metric, this rank's NIC bytes sent).
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from types import ModuleType, SimpleNamespace
 import horovod.torch as hvd
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
+from pactrain_hvd.bench import ddp_methods
 from pactrain_hvd.bench.methods import parse_method
 from pactrain_hvd.bench.timing import PhaseClock
 from pactrain_hvd.bench.worker import make_distributed_optimizer, nic_counters
@@ -137,10 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     # whose param groups every wrapper shares).
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * step / args.steps)))
     spec = parse_method(args.method)
-    if args.compute_only:
-        trainer = optimizer
-    else:
-        trainer = make_distributed_optimizer(spec, optimizer, model, PhaseClock(), total_steps=args.steps)
+    trainer, forward, reporter = optimizer, model, None  # reporter: what has PacTrain's stats()
+    if spec.frontend == "ddp" and not args.compute_only:  # Horovod still evaluates; DDP trains
+        ddp_methods.join(rank, size)
+        forward, reporter = ddp_methods.wrap(spec, model, optimizer, args.steps)
+    elif not args.compute_only:
+        trainer = reporter = make_distributed_optimizer(spec, optimizer, model, PhaseClock(), total_steps=args.steps)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     device = args.device if args.device and Path("/sys/class/net", args.device).exists() else ""
     tx = (lambda: nic_counters(device)["tx_bytes"]) if device else (lambda: 0)
@@ -149,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         inputs, targets = workload.next_batch()
         trainer.zero_grad()
-        loss = workload.loss(model(inputs), targets)
+        loss = workload.loss(forward(inputs), targets)
         loss.backward()
         trainer.step()
         scheduler.step()
@@ -164,13 +170,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"step {step}: {workload.metric} {metric:.4f} after {train_s:.1f} s of training", flush=True)
             if args.budget_s and past_budget(train_s, args.budget_s):
                 break
-    stats = trainer.stats() if hasattr(trainer, "stats") else None
+    stats = reporter.stats() if hasattr(reporter, "stats") else None
     record = {"workload": args.workload, "method": args.method, "metric": workload.metric, "rank": rank, "size": size,
               "steps": len(step_s), "planned_steps": args.steps, "budget_s": args.budget_s, "batch_size": workload.samples_per_step, "seed": args.seed, "curve": curve,
               "step_s": step_s, "train_s": train_s, "losses": losses[:: max(1, len(losses) // 50)],
               "parameters": sum(p.numel() for p in model.parameters()),
               "sparsity": stats["sparsity"] if stats else 0.0, "compute_only": args.compute_only}
     Path(args.out).write_text(json.dumps(record) + "\n")
+    if dist.is_initialized():
+        dist.destroy_process_group()
     return 0
 
 

@@ -24,7 +24,7 @@ from horovod.torch.compression import FP16Compressor
 
 import pactrain_hvd.torch as pt
 from pactrain_hvd.bench.baselines import PowerSGDDistributedOptimizer, TopKDistributedOptimizer
-from pactrain_hvd.bench.methods import MethodSpec, parse_method
+from pactrain_hvd.bench.methods import MethodSpec, parse_method, pruning_schedule
 from pactrain_hvd.bench.models import build, loss_fn, synthetic_batch
 from pactrain_hvd.bench.timing import PhaseClock, StepTimes, instrument
 from pactrain_hvd.torch.compression import PacTrainCompressor
@@ -55,6 +55,8 @@ def make_distributed_optimizer(spec: MethodSpec, optimizer: torch.optim.Optimize
     prunes once at step 0 (the throughput benchmark measures the steady state), or with
     ``total_steps`` gradually over the run, as a user would (``total_steps=``).
     """
+    if spec.frontend != "horovod":
+        raise ValueError(f"method {spec.name!r} runs on DDP: the time-to-accuracy benchmark runs it (bench tta)")
     named = list(model.named_parameters())
     if spec.kind == "dense":
         return hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=hvd.Compression.none)
@@ -69,12 +71,9 @@ def make_distributed_optimizer(spec: MethodSpec, optimizer: torch.optim.Optimize
         instrument(PacTrainCompressor, ("compress", "decompress"), clock)
         # Ternary's dense-plan tensors (and its dense start) travel as fp16: the cheapest honest setting.
         compression = hvd.Compression.fp16 if spec.fp16_values or spec.ternary_values else hvd.Compression.none
-        schedule = dict(total_steps=total_steps) if total_steps else dict(begin_step=0, end_step=0)
-        if total_steps and spec.window:
-            schedule.update(begin_step=int(spec.window[0] * total_steps), end_step=int(spec.window[1] * total_steps))
         return pt.DistributedOptimizer(optimizer, named_parameters=named, compression=compression,
                                        sparsity=spec.sparsity, values="ternary" if spec.ternary_values else "fp32",
-                                       **schedule)
+                                       **pruning_schedule(spec, total_steps))
     raise ValueError(f"no distributed optimizer for method kind {spec.kind!r}")
 
 

@@ -15,12 +15,12 @@ from pactrain_hvd.torch.lanes import decode, encode
 _WIRE_DTYPE = {torch.bfloat16: torch.float32}
 
 
-def _dense(tensor: torch.Tensor) -> bool:
+def fills_storage(tensor: torch.Tensor) -> bool:
     """Non-overlapping and dense (contiguous, channels_last, any permutation): it fills ``numel`` storage slots."""
     return torch.empty_like(tensor, device="meta").stride() == tensor.stride()
 
 
-def _storage(tensor: torch.Tensor) -> torch.Tensor:
+def storage_view(tensor: torch.Tensor) -> torch.Tensor:
     """A dense tensor's storage as a 1-D view, in memory order (row-major only when it is contiguous)."""
     return tensor.view(-1) if tensor.is_contiguous() else tensor.as_strided((tensor.numel(),), (1,), tensor.storage_offset())
 
@@ -71,7 +71,7 @@ class PacTrainCompressor(Compressor):
         self._positions_by_stride: dict[tuple[int, ...], torch.Tensor | None] = {}
 
     def _positions(self, tensor: torch.Tensor) -> torch.Tensor | None:
-        """Where the survivors lie in ``_storage(tensor)``; None when ``tensor`` is not dense (an expanded or sliced view).
+        """Where the survivors lie in ``storage_view(tensor)``; None when ``tensor`` is not dense (an expanded or sliced view).
 
         A permuted layout's positions are found once per strides (a dense tensor's elements are ``arange(numel)`` laid
         out with its strides), so that its survivors are still read and written in mask order, without a copy.
@@ -82,7 +82,7 @@ class PacTrainCompressor(Compressor):
         if strides not in self._positions_by_stride:
             offsets = torch.arange(tensor.numel(), device=self.surviving_indices.device)
             self._positions_by_stride[strides] = (offsets.as_strided(tensor.shape, strides).reshape(-1)[self.surviving_indices]
-                                                  if _dense(tensor) else None)
+                                                  if fills_storage(tensor) else None)
         return self._positions_by_stride[strides]
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -92,7 +92,7 @@ class PacTrainCompressor(Compressor):
         if self.packed:
             positions = self._positions(tensor)
             values = (tensor.reshape(-1).index_select(0, self.surviving_indices) if positions is None
-                      else _storage(tensor).index_select(0, positions))
+                      else storage_view(tensor).index_select(0, positions))
         elif self.mask is not None:
             values = tensor.masked_fill_(self.pruned, 0)
         else:
@@ -126,11 +126,11 @@ class PacTrainCompressor(Compressor):
         else:
             values = self.value_compression.decompress(tensor, value_ctx).to(original.dtype)
         if not self.packed:  # a permuted gradient travelled as a row-major copy: back into its storage
-            return values if original.is_contiguous() or not _dense(original) else original.copy_(values)
+            return values if original.is_contiguous() or not fills_storage(original) else original.copy_(values)
         positions = self._positions(original)
         if positions is None:  # not dense: a new contiguous gradient
             dense = torch.empty_like(original, memory_format=torch.contiguous_format)
             dense.zero_().view(-1).index_copy_(0, self.surviving_indices, values)
             return dense
-        _storage(original.zero_()).index_copy_(0, positions, values)
+        storage_view(original.zero_()).index_copy_(0, positions, values)
         return original

@@ -34,12 +34,21 @@ from torch.nn.parallel import DistributedDataParallel
 from pactrain_hvd.core import CheckpointError, PacTrainConfig, StepStats, TensorStats, should_pack
 from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY
 from pactrain_hvd.core.lanes import LaneLayout, ternary_layout
+from pactrain_hvd.torch.compression import fills_storage, storage_view
 from pactrain_hvd.torch.lanes import decode, encode, stochastic_ternary
 from pactrain_hvd.torch.pruning import Prunable, Pruner, TableExchange, host_masks, select_prunable, zero_stays_zero
 from pactrain_hvd.torch.ternary import ErrorFeedback
 
 PACKED_VALUES = ("fp32", "fp16", "ternary")
 _NOISE_SEED = 0xDD9  # ternary rounding noise: drawn per (rank, step, parameter), see _rounding_noise
+
+
+def in_bucket_order(mask: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """``mask`` flattened as DDP lays ``p``'s gradient into a bucket: in ``p``'s memory order, since DDP's
+    bucket views follow a dense parameter's strides (a channels_last weight lies there in NHWC order)."""
+    if p.is_contiguous() or not fills_storage(p):
+        return mask.reshape(-1)
+    return storage_view(torch.empty_like(p, dtype=torch.bool).copy_(mask))
 
 
 def dist_exchange(group: dist.ProcessGroup | None) -> TableExchange:
@@ -245,7 +254,7 @@ class PacTrainHookState:
         """After a mask change, each parameter's error memory moves to its new surviving coordinates."""
         for p, name in zip(parameters, plan.names):
             mask = self._pruner.masks.get(name)
-            surviving = (mask.reshape(-1).nonzero().squeeze(1) if mask is not None
+            surviving = (in_bucket_order(mask, p).nonzero().squeeze(1) if mask is not None
                          else torch.arange(p.numel(), device=p.device))
             previous = self._surviving.get(name)
             if previous is not None and not torch.equal(previous, surviving):
@@ -269,7 +278,8 @@ class PacTrainHookState:
         numel = buffer_numel
         if all(mask is None for mask in masks):
             return BucketPlan(names, None, None, numel, numel)
-        flat = torch.cat([(mask if mask is not None else torch.ones_like(p, dtype=torch.bool)).reshape(-1)
+        flat = torch.cat([in_bucket_order(mask, p) if mask is not None else torch.ones(p.numel(), dtype=torch.bool,
+                                                                                       device=p.device)
                           for p, mask in zip(parameters, masks)])
         kept = int(flat.sum())
         if should_pack(numel, kept, self.config.pack_min_numel, self.config.pack_max_density):

@@ -1,7 +1,7 @@
 """Time to accuracy end to end: ``python -m pactrain_hvd.bench tta --quick`` in a subprocess.
 
 Real training of the image workload (FashionVGG, 4.3 M parameters) for a few steps per method,
-each worker behind its emulated 100 Mbit/s NIC. Asserts bytes and sanity, not speed.
+each worker behind its emulated 100 Mbit/s NIC, PacTrain on Horovod and on torch DDP. Asserts bytes and sanity, not speed.
 """
 
 import json
@@ -27,7 +27,7 @@ def test_quick_time_to_accuracy(tmp_path):
     cell = json.loads(record_path.read_text())["cells"]["image/100mbit/2w"]
     assert cell["probed_mbit_per_s"] == pytest.approx(100, rel=0.15)
     runs = cell["runs"]
-    assert set(runs) == {"dense", "fp16", "topk", "powersgd", "pactrain-0.9-fp16"}
+    assert set(runs) == {"dense", "fp16", "topk", "powersgd", "pactrain-0.9-fp16", "ddp-pactrain-0.9-fp16"}
     for method, result in runs.items():
         assert [point[1] for point in result["curve"]] == [3, 6], method
         assert all(0.0 <= point[2] <= 1.0 for point in result["curve"]), method
@@ -36,8 +36,9 @@ def test_quick_time_to_accuracy(tmp_path):
     # Dense ring all-reduce of 2 workers: each sends one gradient per step, plus the start-up broadcast.
     assert 6 * GRADIENT_MB <= nic_mb["dense"] <= 1.4 * 7 * GRADIENT_MB, nic_mb
     assert nic_mb["fp16"] == pytest.approx(nic_mb["dense"] / 2, rel=0.25), nic_mb
-    for method in ("topk", "powersgd", "pactrain-0.9-fp16"):
+    for method in ("topk", "powersgd", "pactrain-0.9-fp16", "ddp-pactrain-0.9-fp16"):
         assert nic_mb[method] < nic_mb["fp16"], nic_mb
-    assert runs["pactrain-0.9-fp16"]["sparsity"] == pytest.approx(0.9, abs=0.01)
+    for method in ("pactrain-0.9-fp16", "ddp-pactrain-0.9-fp16"):  # the same schedule on Horovod and on DDP
+        assert runs[method]["sparsity"] == pytest.approx(0.9, abs=0.01), method
     report = (tmp_path / "results.md").read_text()
     assert "| pactrain-0.9-fp16 |" in report and (tmp_path / "image-100mbit-2w.png").is_file()

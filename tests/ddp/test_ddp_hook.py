@@ -36,15 +36,20 @@ class Net(torch.nn.Module):
         return self.fc2(torch.relu(self.fc1(x.flatten(1))))
 
 
-def batch(step: int):
+def batch(step: int, channels_last: bool = False):
     generator = torch.Generator().manual_seed(1000 * dist.get_rank() + step)
-    return torch.randn(8, 3, 16, 16, generator=generator), torch.randint(0, 10, (8,), generator=generator)
+    inputs = torch.randn(8, 3, 16, 16, generator=generator)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    return inputs.to(memory_format=layout), torch.randint(0, 10, (8,), generator=generator)
 
 
-def make(hooked: bool = True, unused: bool = False, sparsity: float = 0.9, verify_every: int = 100, **ddp_kwargs):
-    """A DDP model in several buckets, SGD + momentum + weight decay, and (``hooked``) PacTrain's hook."""
+def make(hooked: bool = True, unused: bool = False, sparsity: float = 0.9, verify_every: int = 100,
+         channels_last: bool = False, **ddp_kwargs):
+    """A DDP model in several buckets, SGD + momentum + weight decay, and (``hooked``) PacTrain's hook.
+    ``channels_last``: the conv weight's gradient lies in its bucket in NHWC order (DDP follows the strides)."""
     torch.manual_seed(0)
-    model = DDP(Net(unused), bucket_cap_mb=0.02, find_unused_parameters=unused, **ddp_kwargs)
+    net = Net(unused).to(memory_format=torch.channels_last) if channels_last else Net(unused)
+    model = DDP(net, bucket_cap_mb=0.02, find_unused_parameters=unused, **ddp_kwargs)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
     state = None
     if hooked:
@@ -54,8 +59,8 @@ def make(hooked: bool = True, unused: bool = False, sparsity: float = 0.9, verif
     return model, opt, state
 
 
-def step(model, opt, index):
-    inputs, labels = batch(index)
+def step(model, opt, index, channels_last: bool = False):
+    inputs, labels = batch(index, channels_last)
     opt.zero_grad()
     torch.nn.functional.cross_entropy(model(inputs), labels).backward()
     opt.step()
@@ -80,13 +85,16 @@ def scenario_sparsity_zero_is_ddps_allreduce():
     assert stats["sent_bytes"] == stats["dense_bytes"] == 4 * sum(p.numel() for p in ours.parameters())
 
 
-def scenario_pruned(gradient_as_bucket_view: bool, static_graph: bool, unused: bool):
-    model, opt, state = make(unused=unused, gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph)
+def scenario_pruned(gradient_as_bucket_view: bool, static_graph: bool, unused: bool, channels_last: bool = False):
+    model, opt, state = make(unused=unused, gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph,
+                             channels_last=channels_last)
+    if channels_last:
+        assert model.module.conv.weight.is_contiguous(memory_format=torch.channels_last)
     for index in range(5):
         twin = copy.deepcopy(model.module)
-        inputs, labels = batch(index)
+        inputs, labels = batch(index, channels_last)
         torch.nn.functional.cross_entropy(twin(inputs), labels).backward()
-        step(model, opt, index)
+        step(model, opt, index, channels_last)
         if index == 0:
             continue  # step 0 prunes after its reduction
         masks = state.masks()
@@ -94,7 +102,7 @@ def scenario_pruned(gradient_as_bucket_view: bool, static_graph: bool, unused: b
             if q.grad is None:
                 assert unused and name.startswith("unused"), name
                 continue
-            reference = (q.grad * masks[name] if name in masks else q.grad) / WORLD
+            reference = ((q.grad * masks[name] if name in masks else q.grad) / WORLD).contiguous()
             dist.all_reduce(reference)
             assert torch.equal(p.grad, reference), f"gradient of {name} at step {index}"
     masks = state.masks()
@@ -213,6 +221,8 @@ SCENARIOS = {
     "pruned_bucket_view": (scenario_pruned, (True, False, False)),
     "pruned_copy_static_graph": (scenario_pruned, (False, True, False)),
     "pruned_unused_parameters": (scenario_pruned, (False, False, True)),
+    "pruned_channels_last_bucket_view": (scenario_pruned, (True, False, False, True)),
+    "pruned_channels_last_copy": (scenario_pruned, (False, False, False, True)),
     "mismatch": (scenario_masks_that_differ_are_one_error_everywhere, ()),
     "resume": (scenario_exact_resume, ()),
 }

@@ -1,0 +1,53 @@
+"""The benchmark's DDP methods: torch DistributedDataParallel with its own comm hooks, and PacTrain's.
+
+``ddp`` is DDP's default all-reduce (fp32); ``ddp-fp16`` torch's ``fp16_compress_hook``;
+``ddp-powersgd`` torch's ``powerSGD_hook`` (rank 4, error feedback, warm start); ``ddp-pactrain-...``
+``pt.ddp.pactrain_hook`` with the same pruning schedule as the Horovod methods. Every worker joins
+``torch.distributed`` (Gloo) from the harness's ``MASTER_ADDR`` / ``MASTER_PORT``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel
+
+import pactrain_hvd.torch as pt
+from pactrain_hvd.bench.methods import MethodSpec, pruning_schedule
+
+# torch's guidance: run vanilla all-reduce for the learning rate's warm-up. These schedules have none,
+# so PowerSGD starts as soon as DDP allows with error feedback and warm start (after two iterations).
+POWERSGD_START_ITER = 2
+
+
+def join(rank: int, size: int) -> None:
+    """This worker into torch.distributed's Gloo group (the harness sets the address and port)."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+                                rank=rank, world_size=size)
+
+
+def wrap(spec: MethodSpec, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         total_steps: int) -> tuple[DistributedDataParallel, pt.ddp.PacTrainHookState | None]:
+    """``model`` in DDP with ``spec``'s comm hook; PacTrain's hook state (its ``stats()``), else None."""
+    ddp = DistributedDataParallel(model)
+    if spec.kind == "dense":
+        return ddp, None
+    if spec.kind == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return ddp, None
+    if spec.kind == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=spec.rank,
+                                            start_powerSGD_iter=POWERSGD_START_ITER)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        return ddp, None
+    if spec.kind == "pactrain":
+        values = "ternary" if spec.ternary_values else "fp16" if spec.fp16_values else "fp32"
+        state = pt.ddp.PacTrainHookState(ddp, optimizer, sparsity=spec.sparsity, packed_values=values,
+                                         **pruning_schedule(spec, total_steps))
+        ddp.register_comm_hook(state, pt.ddp.pactrain_hook)
+        return ddp, state
+    raise ValueError(f"no DDP method of kind {spec.kind!r}")
