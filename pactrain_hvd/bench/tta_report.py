@@ -3,11 +3,14 @@
 Targets, per cell: dense fp16's final metric less 0.5 pp of accuracy (or 1 % more perplexity),
 and a lower one that every method reaches (the worst final metric). *At budget*: each method's
 metric at the training time of the fastest run, the same wall clock for all (dense has done
-fewer steps by then). Training time excludes evaluation.
+fewer steps by then). Training time excludes evaluation. *x bound* is a run's throughput over the
+concurrent compute bound; *last third* the same from the median step time of its last third of steps
+(PacTrain's masks are final by then).
 """
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 PEERS = ("fp16", "topk", "powersgd", "ddp-fp16", "ddp-powersgd")  # DDP's: torch's own fp16 and PowerSGD hooks
@@ -49,6 +52,12 @@ def targets(cell: dict) -> tuple[float, float]:
     return loosen(reference["curve"][-1][2], metric), worst
 
 
+def late_x_bound(run: dict, bound: dict | None) -> float | None:
+    """Throughput over the last third of the steps (masks final, for PacTrain) against the bound: medians."""
+    late = run.get("step_s", [])[-(len(run.get("step_s", [])) // 3):]
+    return bound["step_s"] / statistics.median(late) if bound and late else None
+
+
 def summarize(cell: dict) -> dict:
     """Per method: final metric, times to both targets, metric at the budget, throughput, bytes."""
     runs = cell["runs"]
@@ -57,13 +66,15 @@ def summarize(cell: dict) -> dict:
     budget = min(run["train_s"] for run in runs.values())
     rows = {}
     for method, run in runs.items():
+        bound = run.get("bound") or cell.get("bound")  # the one measured in the run's own part
         samples = run["size"] * run["batch_size"] * run["steps"] / run["train_s"]
         nic = run.get("nic_tx_bytes")
         rows[method] = {
             "final": run["curve"][-1][2], "time_to_target": time_to(run["curve"], first, metric),
             "time_to_lower": time_to(run["curve"], second, metric), "at_budget": at_budget(run["curve"], budget),
             "steps": run["steps"], "train_s": run["train_s"], "samples_per_s": samples,
-            "x_bound": samples / cell["bound"]["samples_per_s"] if cell.get("bound") else None,
+            "x_bound": samples / bound["samples_per_s"] if bound else None,
+            "x_bound_late": late_x_bound(run, bound),
             "nic_mb": sum(nic) / len(nic) / 1e6 if nic else None, "sparsity": run.get("sparsity", 0.0),
         }
     return {"metric": metric, "target": first, "lower_target": second, "budget_s": budget, "rows": rows,
@@ -96,23 +107,30 @@ def capped(cell: dict) -> str:
     return f" or until the first evaluation past {budget:.0f} s of training" if budget else ""
 
 
+def bounds(cell: dict) -> str:
+    """The bound (each part of a cell measures its own, beside the runs it bounds)."""
+    measured = sorted({round(run.get("bound", cell["bound"])["samples_per_s"], 1) for run in cell["runs"].values()})
+    return " / ".join(f"{value:.1f}" for value in measured) + (" (per part)" if len(measured) > 1 else "")
+
+
 def cell_markdown(key: str, cell: dict, summary: dict) -> str:
     metric = summary["metric"]
     lines = [f"### {key}: {cell.get('where', '')}", "",
              f"{cell['steps']} steps per method{capped(cell)}, evaluation every {cell['eval_every']} (excluded from "
              "the clock); "
-             f"concurrent compute bound {cell['bound']['samples_per_s']:.1f} samples/s; load "
+             f"concurrent compute bound {bounds(cell)} samples/s; load "
              f"{' '.join(f'{x:.1f}' for x in cell.get('load', []))}. Target {summary['target']:.4f} (dense fp16's "
              f"final, loosened), lower target {summary['lower_target']:.4f}; budget {summary['budget_s']:.0f} s.", "",
              f"| method | final {metric} | to target | to lower target | at budget | steps | training s | samples/s | "
-             "x bound | NIC MB/worker |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "x bound | x bound, last third | NIC MB/worker |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for method, row in summary["rows"].items():
         budget = "n/a" if row["at_budget"] is None else f"{row['at_budget']:.4f}"
         x_bound = "n/a" if row["x_bound"] is None else f"{row['x_bound']:.2f}"
+        late = "n/a" if row["x_bound_late"] is None else f"{row['x_bound_late']:.2f}"
         nic = "n/a" if row["nic_mb"] is None else f"{row['nic_mb']:.0f}"
         lines.append(f"| {method} | {row['final']:.4f} | {seconds(row['time_to_target'])} | "
                      f"{seconds(row['time_to_lower'])} | {budget} | {row['steps']} | {row['train_s']:.0f} | {row['samples_per_s']:.1f} | "
-                     f"{x_bound} | {nic} |")
+                     f"{x_bound} | {late} | {nic} |")
     v = summary["verdict"]
     if "speedup_over_best_peer" in v:
         lines += ["", f"PacTrain's best ({v['pactrain']}) reaches the target in {v['pactrain_s']:.0f} s: "

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pactrain_hvd.bench.tta_report import at_budget, cell_markdown, summarize, time_to
+from pactrain_hvd.bench.tta_report import at_budget, cell_markdown, late_x_bound, summarize, time_to
 
 
 def run(curve, metric="test_accuracy", steps=4):
@@ -49,3 +49,9 @@ def test_a_capped_run_reports_the_steps_it_did():
     text = cell_markdown("image/25mbit/4w", capped, summary)
     assert "4 steps per method or until the first evaluation past 25 s of training" in text
     assert "| dense | 0.7500 | not reached | 30 s | 0.7500 | 2 | 30 |" in text
+
+
+def test_late_throughput_is_the_last_third_of_steps_against_the_bound():
+    steps = dict(run([[6, 6, 0.9, 0]], steps=6), step_s=[2.0, 2.0, 2.0, 2.0, 0.5, 0.4])
+    assert late_x_bound(steps, {"step_s": 0.2}) == pytest.approx(0.2 / 0.45)
+    assert late_x_bound(run([[1, 1, 0.5, 0]]), {"step_s": 0.2}) is None
