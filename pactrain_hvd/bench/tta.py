@@ -60,7 +60,8 @@ def save_record(path: Path, record: dict) -> None:
 def worker_command(args: argparse.Namespace, workload: str, method: str, out: Path, compute_only: bool = False,
                    steps: int | None = None) -> list[str]:
     flags = ["--workload", workload, "--method", method, "--steps", str(steps or args.steps), "--eval-every",
-             str(args.eval_every), "--budget-s", str(0.0 if compute_only else args.budget_s), "--eval-samples", str(args.eval_samples), "--eval-batches", str(args.eval_batches),
+             str(args.eval_every), "--budget-s", str(0.0 if compute_only else args.budget_s),
+             "--eval-samples", str(args.eval_samples), "--eval-batches", str(args.eval_batches),
              "--seed", str(args.seed), "--out", str(out)]
     return python_module("pactrain_hvd.bench.tta_worker", *flags, *(["--compute-only"] if compute_only else []))
 

@@ -13,11 +13,18 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from pactrain_hvd.bench.methods import parse_method
+
 PEERS = ("fp16", "topk", "powersgd", "ddp-fp16", "ddp-powersgd")  # DDP's: torch's own fp16 and PowerSGD hooks
 
 
 def is_pactrain(method: str) -> bool:
-    return method.startswith(("pactrain", "ddp-pactrain"))
+    return parse_method(method).kind == "pactrain"  # on Horovod or on DDP
+
+
+def run_bound(run: dict, cell: dict) -> dict | None:
+    """The bound measured in the run's own part of the cell (older records: the cell's one)."""
+    return run.get("bound") or cell.get("bound")
 
 
 def higher_is_better(metric: str) -> bool:
@@ -54,7 +61,8 @@ def targets(cell: dict) -> tuple[float, float]:
 
 def late_x_bound(run: dict, bound: dict | None) -> float | None:
     """Throughput over the last third of the steps (masks final, for PacTrain) against the bound: medians."""
-    late = run.get("step_s", [])[-(len(run.get("step_s", [])) // 3):]
+    step_s = run.get("step_s", [])
+    late = step_s[-(len(step_s) // 3):]
     return bound["step_s"] / statistics.median(late) if bound and late else None
 
 
@@ -66,7 +74,7 @@ def summarize(cell: dict) -> dict:
     budget = min(run["train_s"] for run in runs.values())
     rows = {}
     for method, run in runs.items():
-        bound = run.get("bound") or cell.get("bound")  # the one measured in the run's own part
+        bound = run_bound(run, cell)
         samples = run["size"] * run["batch_size"] * run["steps"] / run["train_s"]
         nic = run.get("nic_tx_bytes")
         rows[method] = {
@@ -109,7 +117,7 @@ def capped(cell: dict) -> str:
 
 def bounds(cell: dict) -> str:
     """The bound (each part of a cell measures its own, beside the runs it bounds)."""
-    measured = sorted({round(run.get("bound", cell["bound"])["samples_per_s"], 1) for run in cell["runs"].values()})
+    measured = sorted({round(run_bound(run, cell)["samples_per_s"], 1) for run in cell["runs"].values()})
     return " / ".join(f"{value:.1f}" for value in measured) + (" (per part)" if len(measured) > 1 else "")
 
 
@@ -129,8 +137,8 @@ def cell_markdown(key: str, cell: dict, summary: dict) -> str:
         late = "n/a" if row["x_bound_late"] is None else f"{row['x_bound_late']:.2f}"
         nic = "n/a" if row["nic_mb"] is None else f"{row['nic_mb']:.0f}"
         lines.append(f"| {method} | {row['final']:.4f} | {seconds(row['time_to_target'])} | "
-                     f"{seconds(row['time_to_lower'])} | {budget} | {row['steps']} | {row['train_s']:.0f} | {row['samples_per_s']:.1f} | "
-                     f"{x_bound} | {late} | {nic} |")
+                     f"{seconds(row['time_to_lower'])} | {budget} | {row['steps']} | {row['train_s']:.0f} | "
+                     f"{row['samples_per_s']:.1f} | {x_bound} | {late} | {nic} |")
     v = summary["verdict"]
     if "speedup_over_best_peer" in v:
         lines += ["", f"PacTrain's best ({v['pactrain']}) reaches the target in {v['pactrain_s']:.0f} s: "

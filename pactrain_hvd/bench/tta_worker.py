@@ -172,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                 break
     stats = reporter.stats() if hasattr(reporter, "stats") else None
     record = {"workload": args.workload, "method": args.method, "metric": workload.metric, "rank": rank, "size": size,
-              "steps": len(step_s), "planned_steps": args.steps, "budget_s": args.budget_s, "batch_size": workload.samples_per_step, "seed": args.seed, "curve": curve,
+              "steps": len(step_s), "planned_steps": args.steps, "budget_s": args.budget_s,
+              "batch_size": workload.samples_per_step, "seed": args.seed, "curve": curve,
               "step_s": step_s, "train_s": train_s, "losses": losses[:: max(1, len(losses) // 50)],
               "parameters": sum(p.numel() for p in model.parameters()),
               "sparsity": stats["sparsity"] if stats else 0.0, "compute_only": args.compute_only}

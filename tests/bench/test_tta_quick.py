@@ -1,7 +1,8 @@
 """Time to accuracy end to end: ``python -m pactrain_hvd.bench tta --quick`` in a subprocess.
 
 Real training of the image workload (FashionVGG, 4.3 M parameters) for a few steps per method,
-each worker behind its emulated 100 Mbit/s NIC, PacTrain on Horovod and on torch DDP. Asserts bytes and sanity, not speed.
+each worker behind its emulated 100 Mbit/s NIC, PacTrain on Horovod and on torch DDP. Asserts bytes
+and sanity, not speed.
 """
 
 import json

@@ -7,7 +7,6 @@ reference, the bytes handed to ``all_reduce``, an exact resume, and one clear er
 
 import copy
 import os
-import socket
 import traceback
 
 import pytest
@@ -17,6 +16,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import pactrain_hvd.torch as pt
+from pactrain_hvd.bench.harness import free_port
 from pactrain_hvd.core import MaskMismatchError
 
 WORLD = 2
@@ -247,17 +247,11 @@ def _worker(rank: int, name: str, port: int, results) -> None:
     os._exit(0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_ddp_hook(name):
     context = mp.get_context("spawn")
     results = context.Queue()
-    port = _free_port()
+    port = free_port()
     processes = [context.Process(target=_worker, args=(rank, name, port, results)) for rank in range(WORLD)]
     for process in processes:
         process.start()
