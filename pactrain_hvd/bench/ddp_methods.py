@@ -1,7 +1,8 @@
 """The benchmark's DDP methods: torch DistributedDataParallel with its own comm hooks, and PacTrain's.
 
 ``ddp`` is DDP's default all-reduce (fp32); ``ddp-fp16`` torch's ``fp16_compress_hook``;
-``ddp-powersgd`` torch's ``powerSGD_hook`` (rank 4, error feedback, warm start); ``ddp-pactrain-...``
+``ddp-powersgd`` torch's ``powerSGD_hook`` (rank 4, error feedback, warm start; one bucket, see
+``one_bucket_mb``); ``ddp-pactrain-...``
 ``pt.ddp.pactrain_hook`` with the same pruning schedule as the Horovod methods. Every worker joins
 ``torch.distributed`` (Gloo) from the harness's ``MASTER_ADDR`` / ``MASTER_PORT``.
 """
@@ -23,6 +24,17 @@ from pactrain_hvd.bench.methods import MethodSpec, pruning_schedule
 POWERSGD_START_ITER = 2
 
 
+def one_bucket_mb(model: torch.nn.Module) -> float:
+    """A bucket cap (MiB) that holds every gradient of ``model``: DDP then builds exactly one bucket.
+
+    torch's ``powerSGD_hook`` issues its P and Q all-reduces from future callbacks, so with several
+    buckets they race the next bucket's all-reduce issued by backward; on Gloo, which matches
+    collectives by issue order, ranks then pair up different tensors (``gloo::EnforceNotMet ...
+    op.preamble.length <= op.nbytes``; pytorch/pytorch#58467). One bucket leaves nothing to race.
+    """
+    return sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20 + 1
+
+
 def join(rank: int, size: int) -> None:
     """This worker into torch.distributed's Gloo group (the harness sets the address and port)."""
     if not dist.is_initialized():
@@ -33,7 +45,8 @@ def join(rank: int, size: int) -> None:
 def wrap(spec: MethodSpec, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
          total_steps: int) -> tuple[DistributedDataParallel, pt.ddp.PacTrainHookState | None]:
     """``model`` in DDP with ``spec``'s comm hook; PacTrain's hook state (its ``stats()``), else None."""
-    ddp = DistributedDataParallel(model)
+    one_bucket = {"bucket_cap_mb": one_bucket_mb(model)} if spec.kind == "powersgd" else {}
+    ddp = DistributedDataParallel(model, **one_bucket)
     if spec.kind == "dense":
         return ddp, None
     if spec.kind == "fp16":
