@@ -22,6 +22,7 @@ from pactrain_hvd.bench.methods import MethodSpec, pruning_schedule
 # torch's guidance: run vanilla all-reduce for the learning rate's warm-up. These schedules have none,
 # so PowerSGD starts as soon as DDP allows with error feedback and warm start (after two iterations).
 POWERSGD_START_ITER = 2
+POWERSGD_MIN_COMPRESSION_RATE = 2  # torch's default: a matrix is compressed where that saves 2x or more
 
 
 def one_bucket_mb(model: torch.nn.Module) -> float:
@@ -33,6 +34,22 @@ def one_bucket_mb(model: torch.nn.Module) -> float:
     op.preamble.length <= op.nbytes``; pytorch/pytorch#58467). One bucket leaves nothing to race.
     """
     return sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20 + 1
+
+
+def powersgd_bytes(model: torch.nn.Module, rank: int) -> int:
+    """What ``powerSGD_hook`` hands ``all_reduce`` per step once compressing, in its one bucket: each gradient
+    viewed as a (rows, rest) matrix is sent as P and Q (fp32) where torch's own rule finds that worth it
+    (``_should_compress``, private but the hook's own), else whole, as are vectors."""
+    total = 0
+    for p in model.parameters():
+        if p.dim() <= 1:
+            total += p.numel() * 4
+            continue
+        rows = p.shape[0]
+        compress, whole, low_rank = powerSGD_hook._should_compress(rows, p.numel() // rows, rank,
+                                                                   POWERSGD_MIN_COMPRESSION_RATE)
+        total += (low_rank if compress else whole) * 4
+    return total
 
 
 def join(rank: int, size: int) -> None:
@@ -54,7 +71,8 @@ def wrap(spec: MethodSpec, model: torch.nn.Module, optimizer: torch.optim.Optimi
         return ddp, None
     if spec.kind == "powersgd":
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=spec.rank,
-                                            start_powerSGD_iter=POWERSGD_START_ITER)
+                                            start_powerSGD_iter=POWERSGD_START_ITER,
+                                            min_compression_rate=POWERSGD_MIN_COMPRESSION_RATE)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         return ddp, None
     if spec.kind == "pactrain":

@@ -16,7 +16,8 @@ import re
 from dataclasses import dataclass, replace
 
 DEFAULT_METHODS = ("dense", "fp16", "topk", "powersgd", "pactrain-0.8", "pactrain-0.8-fp16", "pactrain-0.9",
-                   "pactrain-0.9-fp16", "pactrain-0.95", "pactrain-0.95-fp16")
+                   "pactrain-0.9-fp16", "pactrain-0.95", "pactrain-0.95-fp16",
+                   "ddp", "ddp-fp16", "ddp-powersgd", "ddp-pactrain-0.9-fp16")
 QUICK_METHODS = ("dense", "topk", "powersgd", "pactrain-0.9-fp16")
 TOPK_DENSITY = 0.01
 POWERSGD_RANK = 4

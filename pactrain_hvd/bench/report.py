@@ -64,7 +64,8 @@ def cell_row(results: dict, cell: dict) -> str:
         cell["model"], cell["link"], cell["method"], _fmt(cell["samples_per_s"]) + _rounds(cell),
         _fmt(cell["ratio_to_bound"]),
         _fmt(vs_dense), _fmt(cell["step_s"] * 1e3, ".0f"),
-        " / ".join(_fmt(phases[p] * 1e3, ".0f") for p in ("compute", "compress", "comm_wait", "update")),
+        " / ".join("in backward" if p == "comm_wait" and cell.get("comm_in_backward") else _fmt(phases[p] * 1e3, ".0f")
+                   for p in ("compute", "compress", "comm_wait", "update")),
         _fmt(cell["ideal_ring_bytes_per_worker"] / 1e6, ".3f"), _fmt(cell["wire_tx_bytes_per_step"] / 1e6, ".3f"),
         f"{_fmt(cell['wire_over_ideal'], '.3f')} ({_fmt(cell.get('data_over_ideal'), '.3f')})",
         _fmt(cell["ideal_wire_s"] * 1e3, ".0f"),

@@ -5,7 +5,9 @@
 
 Or, with ``--compute-only``, the compute bound: one process, no Horovod, the plain torch
 optimizer. Every rank writes its own JSON: per-step phase times, the NIC's kernel byte
-counters over the timed steps, and the bytes it handed to Horovod per step.
+counters over the timed steps, and the bytes it handed to Horovod per step. ``ddp-`` methods
+train through torch DDP and its comm hooks (``ddp_methods.py``), whose all-reduces DDP waits
+for inside ``backward()``: their comm wait is part of the compute phase (``comm_in_backward``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from horovod.torch.compression import FP16Compressor
 
 import pactrain_hvd.torch as pt
+from pactrain_hvd.bench import ddp_methods
 from pactrain_hvd.bench.baselines import PowerSGDDistributedOptimizer, TopKDistributedOptimizer
 from pactrain_hvd.bench.methods import MethodSpec, parse_method, pruning_schedule
 from pactrain_hvd.bench.models import build, loss_fn, synthetic_batch
@@ -56,7 +59,7 @@ def make_distributed_optimizer(spec: MethodSpec, optimizer: torch.optim.Optimize
     ``total_steps`` gradually over the run, as a user would (``total_steps=``).
     """
     if spec.frontend != "horovod":
-        raise ValueError(f"method {spec.name!r} runs on DDP: the time-to-accuracy benchmark runs it (bench tta)")
+        raise ValueError(f"method {spec.name!r} runs on DDP: ddp_methods.wrap builds it")
     named = list(model.named_parameters())
     if spec.kind == "dense":
         return hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=hvd.Compression.none)
@@ -78,7 +81,9 @@ def make_distributed_optimizer(spec: MethodSpec, optimizer: torch.optim.Optimize
 
 
 def payload_bytes(spec: MethodSpec, distributed, model: torch.nn.Module) -> dict[str, int]:
-    """Bytes this rank hands to Horovod per step, as the method itself accounts them."""
+    """Bytes this rank hands to Horovod (DDP methods: to ``dist.all_reduce``) per step, as the method accounts them."""
+    if spec.frontend == "ddp" and spec.kind == "powersgd":
+        return {"allreduce_bytes": ddp_methods.powersgd_bytes(model, spec.rank), "allgather_bytes": 0}
     if spec.kind in ("dense", "fp16"):
         element = 2 if spec.fp16_values else 4
         return {"allreduce_bytes": sum(p.numel() * element for p in model.parameters() if p.requires_grad),
@@ -130,27 +135,31 @@ def run(args: argparse.Namespace) -> dict:
     model = build(args.model)
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
     clock = PhaseClock()
-    distributed = None
-    if spec is not None:
+    distributed, forward = None, model  # distributed: Horovod's optimizer, or DDP's hook state (PacTrain's) or None
+    if spec is not None and spec.frontend == "ddp":  # DDP broadcasts rank 0's parameters itself
+        ddp_methods.join(rank, size)
+        forward, distributed = ddp_methods.wrap(spec, model, optimizer, total_steps=None)
+    elif spec is not None:
         distributed = make_distributed_optimizer(spec, optimizer, model, clock)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     generator = torch.Generator().manual_seed(args.seed * 1000 + rank)
     inputs, targets = synthetic_batch(args.model, args.batch_size, generator)
-    step_optimizer = distributed if distributed is not None else optimizer
+    synchronizes = spec is not None and spec.frontend == "horovod"  # else comm ends inside backward()
+    step_optimizer = distributed if synchronizes else optimizer
 
     def fence() -> None:
-        if distributed is not None:
+        if spec is not None:
             hvd.allreduce(torch.zeros(1), name="bench.fence")
 
-    device = args.device if distributed is not None else ""
+    device = args.device if spec is not None else ""
     losses, steps, forward_windows = [], [], []
     for _ in range(args.warmup):
-        losses.append(train_step(args.model, model, step_optimizer, inputs, targets, clock, distributed is not None)[1])
+        losses.append(train_step(args.model, forward, step_optimizer, inputs, targets, clock, synchronizes)[1])
     fence()
     before = nic_counters(args.device) if device else None
     for _ in range(args.steps):
-        times, loss, window = train_step(args.model, model, step_optimizer, inputs, targets, clock,
-                                         distributed is not None, device)
+        times, loss, window = train_step(args.model, forward, step_optimizer, inputs, targets, clock,
+                                         synchronizes, device)
         steps.append(times.__dict__)
         losses.append(loss)
         forward_windows.append(window)
@@ -159,6 +168,7 @@ def run(args: argparse.Namespace) -> dict:
 
     record = {
         "rank": rank, "size": size, "model": args.model, "method": args.method if spec else "compute-only",
+        "comm_in_backward": spec is not None and spec.frontend == "ddp",
         "batch_size": args.batch_size, "threads": torch.get_num_threads(), "warmup": args.warmup,
         "parameters": sum(p.numel() for p in model.parameters()),
         "steps": steps, "losses": losses,
@@ -169,7 +179,7 @@ def run(args: argparse.Namespace) -> dict:
         "python": platform.python_version(), "torch": torch.__version__,
         "horovod_env": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")},
     }
-    if spec is not None and spec.kind == "pactrain" and rank == 0:
+    if spec is not None and spec.kind == "pactrain" and spec.frontend == "horovod" and rank == 0:
         record["pactrain_stats"] = distributed.stats()
     return record
 
@@ -190,6 +200,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     record = run(args)
     Path(args.out).write_text(json.dumps(record))
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     if record["size"] > 1:
         hvd.shutdown()
 

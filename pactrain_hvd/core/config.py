@@ -17,14 +17,14 @@ VALUE_ENCODINGS = ("fp32", "fp16", "ternary")  # how packed (surviving) values t
 
 def check_values(values: Any, op_name: str, grouped: bool) -> None:
     """``values`` with the reduction it goes with: ternary codes are summed as integers (so Average
-    or Sum only) and all ternary tensors travel together after the MAX all-reduce of their scales."""
+    or Sum only) and each ternary tensor's codes travel on their own, rounded at that tensor's held scale."""
     if values not in VALUE_ENCODINGS:
         raise ValueError(f"values must be one of {', '.join(map(repr, VALUE_ENCODINGS))}, got {values!r}")
     if values == "ternary" and op_name not in ("Average", "Sum"):
         raise ValueError(f"values='ternary' sums integer codes: op must be hvd.Average or hvd.Sum, got {op_name}")
     if values == "ternary" and grouped:
-        raise ValueError("values='ternary' cannot be combined with groups: ternary tensors already travel together, "
-                         "after one MAX all-reduce of their scales")
+        raise ValueError("values='ternary' cannot be combined with groups: each ternary tensor's codes travel on "
+                         "their own, rounded at that tensor's held scale")
 
 
 @dataclass(frozen=True)

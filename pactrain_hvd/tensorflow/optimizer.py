@@ -341,7 +341,7 @@ class PacTrainState(tf.train.experimental.PythonState):
                 self._pruner.prunable_names.append(name)
                 self._compressors[name] = PacTrainCompressor(shape=variable.shape, value_compression=self.compression)
                 if self._ternary is not None:
-                    self._ternary.memory.track(name)
+                    self._ternary.track(name)
         self._sent_bytes.assign(-tf.ones([len(self._names)], tf.int64))
         if own_masks:
             self.set_masks(own_masks)  # proven equal on all ranks at the first step
@@ -535,15 +535,11 @@ class PacTrainState(tf.train.experimental.PythonState):
         """``values`` fp16 or ternary: a pruned tensor's packed values travel another way than its dense
         ones, and its plan is known only when the step runs, so each takes a ``tf.cond`` on its plan
         (every rank the same branch: the plans agree). Returns (reduced gradient, bytes sent) each."""
-        if self._ternary is not None:
-            values, scales = self._ternary.agree_scales([(self._names[p], grad, c) for p, grad, c in items],
-                                                        wire_name=self._wire_name("ternary_scales", items[0][0]))
         results = []
-        for number, (position, grad, compressor) in enumerate(items):
+        for position, grad, compressor in items:
             if self._ternary is not None:
-                packed = functools.partial(self._ternary.allreduce, self._names[position], compressor, values[number],
-                                           scales[number], self.op == hvd.Average, grad.dtype,
-                                           self._wire_name("ternary", position))
+                packed = functools.partial(self._ternary.allreduce, self._names[position], compressor, grad,
+                                           self.op == hvd.Average, grad.dtype, self._wire_name("ternary", position))
             else:
                 packed = functools.partial(self._reduce_packed, position, grad, compressor)
             plain = functools.partial(self._reduce_plain, position, grad, compressor)
@@ -623,8 +619,9 @@ class PacTrainState(tf.train.experimental.PythonState):
 
     # -- checkpoints (tf.train.Checkpoint calls these) --------------------------------------------
     def serialize(self) -> bytes:
-        """Schedule position and masks as an ``.npz`` blob; with ``values="ternary"`` also this rank's
-        error memory and rounding-noise state (restored only on the same rank, as in torch).
+        """Schedule position and masks as an ``.npz`` blob; with ``values="ternary"`` also the held scales
+        (the same on every rank) and this rank's error memory and rounding-noise state (restored only on
+        the same rank, as in torch).
 
         Masks are keyed by the variable's position in binding order (the model's variable
         order), so they restore into a rebuilt model whose generated names differ (Keras
@@ -635,8 +632,11 @@ class PacTrainState(tf.train.experimental.PythonState):
         names = sorted(self._pruner.masks)
         ternary = {}
         if self._ternary is not None:
+            scaled = sorted(self._ternary.scales)
             ternary = {"ternary_rank": np.int64(self.process_set.rank()),
                        "ternary_noise": self._ternary.noise.generator.state.numpy(),
+                       "scale_positions": np.array([self._names.index(name) for name in scaled], dtype=np.int64),
+                       "ternary_scales": np.array([self._ternary.scales[name].numpy() for name in scaled], np.float32),
                        **{f"residual_{i}": self._ternary.memory.residuals[name].numpy() for i, name in enumerate(names)}}
         buffer = io.BytesIO()
         np.savez(buffer, step=np.int64(self.step_count), world_size=np.int64(self._group_size()),
@@ -667,8 +667,15 @@ class PacTrainState(tf.train.experimental.PythonState):
         except (TypeError, ValueError) as error:
             raise CheckpointError(f"checkpoint does not fit these variables: {error}") from error
         residuals = self._saved_residuals(ternary, masks)
+        scales = ternary[3] if ternary else {}
+        bad = {self._names[p] if p < len(self._names) else p: v for p, v in scales.items()
+               if not (np.isnan(v) or 0 <= v < np.inf)}
+        if bad:
+            raise CheckpointError(f"checkpoint ternary scales must be >= 0 and finite, or NaN (none held), got {bad}")
         self._set_step(step)
         self._install(masks)
+        if self._ternary is not None:  # none held where the checkpoint has none: that step agrees one
+            self._ternary.hold_scales({self._names[p]: v for p, v in scales.items() if p < len(self._names)})
         if residuals is not None:
             self._ternary.noise.generator.state.assign(ternary[1])
             for name, residual in residuals.items():
@@ -678,7 +685,7 @@ class PacTrainState(tf.train.experimental.PythonState):
         """The checkpoint's residuals by name, checked against the masks, if this rank saved them."""
         if ternary is None or self._ternary is None:
             return None
-        rank, _, by_position = ternary
+        rank, _, by_position, _ = ternary
         if not saved_by_this_rank(rank, self.process_set.rank):
             return None
         residuals = {}
@@ -692,7 +699,8 @@ class PacTrainState(tf.train.experimental.PythonState):
         return residuals
 
 
-_SavedTernary = tuple[int, np.ndarray, dict[int, np.ndarray]]  # saving rank, noise state, residual by position
+# saving rank, noise state, residual by position (those three: that rank's), held scale by position (every rank's)
+_SavedTernary = tuple[int, np.ndarray, dict[int, np.ndarray], dict[int, float]]
 
 
 def _parse_state(blob: bytes) -> tuple[int, list[tuple[int, str, np.ndarray]], _SavedTernary | None]:
@@ -704,8 +712,11 @@ def _parse_state(blob: bytes) -> tuple[int, list[tuple[int, str, np.ndarray]], _
             entries = [(position, name, saved[f"mask_{i}"]) for i, (position, name) in enumerate(zip(positions, names))]
             ternary = None
             if "ternary_rank" in saved.files:
+                scales = ({int(position): float(scale) for position, scale in
+                           zip(saved["scale_positions"], saved["ternary_scales"])} if "ternary_scales" in saved.files
+                          else {})
                 ternary = (int(saved["ternary_rank"]), saved["ternary_noise"],
-                           {position: saved[f"residual_{i}"] for i, position in enumerate(positions)})
+                           {position: saved[f"residual_{i}"] for i, position in enumerate(positions)}, scales)
             return int(saved["step"]), entries, ternary
     except (OSError, KeyError, ValueError, EOFError) as error:
         raise CheckpointError(f"not a PacTrain state: {error}") from error

@@ -1,10 +1,14 @@
 """Ternary values for packed tensors: what each rank remembers between steps, and how they travel.
 
 As in ``pactrain_hvd.torch.ternary``: ``ErrorFeedback`` is the memory, ``TernaryReduction`` moves
-the values: one MAX all-reduce agrees every tensor's scale, then each tensor's lane-packed int32
-words go through an ordinary SUM all-reduce. Everything is graph ops reading TF variables, so a
-traced step follows mask and plan changes without retracing: ``PacTrainState`` runs the ternary
-reduction of a tensor inside a ``tf.cond`` on its plan (only packed values are quantized).
+the values. Each tensor's codes are rounded at a scale every rank already holds (the previous
+step's MAX over ranks of ``|values|``, in a variable), so its lane-packed int32 words go through an
+ordinary SUM all-reduce that waits for nothing but its own gradient; beside it, a MAX all-reduce
+of this step's ``|values|`` gives the next step's scale. Where no scale is held yet (NaN: the first
+step, a checkpoint without scales) a ``tf.cond`` takes this step's MAX instead; both branches issue
+the same collectives. Everything is graph ops reading TF variables, so a traced step follows mask
+and plan changes without retracing: ``PacTrainState`` runs the ternary reduction of a tensor inside
+a ``tf.cond`` on its plan (only packed values are quantized).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from pactrain_hvd.core.lanes import SCALE_BYTES
-from pactrain_hvd.tensorflow.compression import PACKED, PacTrainCompressor
+from pactrain_hvd.tensorflow.compression import PacTrainCompressor
 from pactrain_hvd.tensorflow.lanes import decode, encode, layout_for, stochastic_ternary
 
 _NOISE_SEED = 0x7E4A  # rounding noise: seeded with this plus the rank, so ranks draw independently
@@ -68,7 +72,7 @@ class NoiseSource:
 
 
 class TernaryReduction:
-    """Shared-scale stochastic ternary all-reduce of packed tensors, with error feedback.
+    """Stochastic ternary all-reduce of packed tensors at held scales, with error feedback.
 
     The lane layout and the average's divisor use the world size as Horovod's own average does:
     read when the graph runs under Horovod elastic (``hvd.size_op``), else when it is traced.
@@ -76,8 +80,8 @@ class TernaryReduction:
     Example::
 
         >>> reduction = TernaryReduction(hvd.global_process_set)
-        >>> values, scales = reduction.agree_scales([(name, grad, compressor)], "scales")   # one MAX all-reduce
-        >>> ternary = lambda: reduction.allreduce(name, compressor, values[0], scales[0], True, grad.dtype, "words")
+        >>> reduction.track(name)                                       # once per prunable tensor
+        >>> ternary = lambda: reduction.allreduce(name, compressor, grad, True, grad.dtype, "words")
         >>> grad, sent = tf.cond(tf.equal(compressor.plan, PACKED), ternary, plain)   # plain: not packed
     """
 
@@ -85,35 +89,40 @@ class TernaryReduction:
         self.process_set = process_set
         self.memory = ErrorFeedback()
         self.noise = NoiseSource(_NOISE_SEED + process_set.rank())
+        self.scales: dict[str, tf.Variable] = {}  # per tensor, the scale of its next send; NaN: none held
+
+    def track(self, name: str) -> None:
+        self.memory.track(name)
+        with tf.init_scope():
+            self.scales[name] = tf.Variable(float("nan"), trainable=False, name="pactrain_scale")
+
+    def hold_scales(self, scales: dict[str, float]) -> None:
+        """Hold these scales (the same on every rank: a checkpoint's, or a broadcast's); none for the rest."""
+        for name, variable in self.scales.items():
+            variable.assign(scales.get(name, float("nan")))
 
     def world_size(self) -> int | tf.Tensor:
         if int(os.environ.get("HOROVOD_ELASTIC", 0)):
             return hvd.size_op(process_set_id=self.process_set.process_set_id)
         return self.process_set.size()
 
-    def agree_scales(self, tensors: list[tuple[str, tf.Tensor, PacTrainCompressor]],
-                     wire_name: str) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
-        """Per ``(name, gradient, compressor)``: the fp32 values to send (survivors plus residual; empty
-        unless packed) and the scale every rank uses, ``max |value|`` over ranks (0 unless packed).
-
-        One MAX all-reduce of a vector of all scales, skipped while no tensor is packed; every rank
-        must call it with the same tensors (the plans are the same everywhere).
-        """
-        values = [self.memory.add(name, tf.cast(compressor.survivors(grad), tf.float32))
-                  for name, grad, compressor in tensors]
-        local = tf.stack([tf.maximum(tf.reduce_max(tf.abs(value)), 0.0) for value in values])  # empty: 0
-        packed = tf.reduce_any(tf.stack([tf.equal(compressor.plan, PACKED) for _, _, compressor in tensors]))
-        scales = tf.cond(packed, lambda: hvd.allreduce(local, op=hvd.Max, name=wire_name,
-                                                       process_set=self.process_set), lambda: local)
-        return values, tf.unstack(scales, num=len(tensors))
-
-    def allreduce(self, name: str, compressor: PacTrainCompressor, value: tf.Tensor, scale: tf.Tensor, average: bool,
+    def allreduce(self, name: str, compressor: PacTrainCompressor, grad: tf.Tensor, average: bool,
                   dtype: tf.DType, wire_name: str) -> tuple[tf.Tensor, tf.Tensor]:
-        """Round ``value`` at ``scale``, remember the error, SUM-reduce the words; where the plan packs.
+        """Round the survivors plus their residual at the held scale, remember the error, SUM-reduce the words.
 
-        Returns the reduced gradient (dense shape, ``dtype``) and the bytes handed to Horovod
-        (the words, plus the tensor's scale in the MAX all-reduce).
+        Returns the reduced gradient (dense shape, ``dtype``) and the bytes handed to Horovod (the words,
+        plus the tensor's scale in the MAX all-reduce). Where this step's MAX is not finite (an overflow on
+        some rank) the gradient is NaN on every rank, so a loss scaler skips the step everywhere, and the
+        held scale stays as it was.
         """
+        value = self.memory.add(name, tf.cast(compressor.survivors(grad), tf.float32))
+        local = tf.maximum(tf.reduce_max(tf.abs(value)), 0.0)  # empty: 0
+        local = tf.where(tf.reduce_all(tf.math.is_finite(value)), local, float("inf"))  # Horovod's MAX may drop NaN
+        step_max = hvd.allreduce(tf.reshape(local, [1]), op=hvd.Max, name=f"{wire_name}_scale",
+                                 process_set=self.process_set)[0]
+        held = self.scales[name].read_value()
+        none_held = tf.math.is_nan(held)
+        scale = tf.cond(none_held, lambda: step_max, lambda: held)  # lowered: the held branch does not wait
         world_size = self.world_size()
         layout = layout_for(world_size)
         count = tf.size(value)
@@ -121,6 +130,9 @@ class TernaryReduction:
         self.memory.store(name, value, tf.cast(ternary, tf.float32) * scale)
         words = encode(ternary, layout)
         summed = hvd.allreduce(words, op=hvd.Sum, name=wire_name, process_set=self.process_set)
+        finite = tf.math.is_finite(step_max)
+        self.scales[name].assign(tf.where(finite, step_max, tf.where(none_held, 0.0, held)))
         divisor = tf.cast(world_size, tf.float32) if average else 1.0
+        scale = tf.where(finite, scale, float("nan"))
         reduced = tf.cast(tf.cast(decode(summed, layout, count), tf.float32) * scale / divisor, dtype)
         return compressor.unpack(reduced), tf.size(words, tf.int64) * words.dtype.size + SCALE_BYTES

@@ -77,6 +77,29 @@ def test_quick_run(tmp_path):
     print(f"quick run took {elapsed:.0f} s")
 
 
+def test_quick_ddp_cells(tmp_path):
+    """DDP's default all-reduce, torch's PowerSGD hook and PacTrain's hook in the same harness: the bytes each
+    hands ``all_reduce`` are on the NIC, and PacTrain's hook sends what PacTrain's Horovod optimizer sends."""
+    from pactrain_hvd.bench.ddp_methods import powersgd_bytes
+    from pactrain_hvd.bench.models import build
+
+    methods = ("ddp", "ddp-powersgd", "ddp-pactrain-0.9-fp16")
+    harness = start_harness(tmp_path, "--methods", ",".join(methods))
+    output, _ = harness.communicate(timeout=600)
+    assert harness.returncode == 0, output[-3000:]
+    cells = {cell["method"]: cell for cell in json.loads(next(tmp_path.glob("2*.json")).read_text())["cells"]}
+    assert set(cells) == set(methods) and all("error" not in cell for cell in cells.values())
+    ddp, powersgd, packed = (cells[m] for m in methods)
+    assert ddp["payload"]["allreduce_bytes"] == pytest.approx(44.7e6, rel=0.01)
+    assert powersgd["payload"]["allreduce_bytes"] == powersgd_bytes(build("resnet18"), 4)
+    assert packed["payload"]["allreduce_bytes"] == pytest.approx(2.311e6, rel=0.01)  # as test_quick_run's Horovod cell
+    for cell in cells.values():
+        assert cell["comm_in_backward"] and cell["phases_s"]["comm_wait"] < 0.01
+        assert cell["wire_tx_bytes_per_step"] >= 0.95 * cell["ideal_ring_bytes_per_worker"]
+        assert cell["step_s"] >= 0.9 * cell["counter_wire_s"], cell
+    assert "in backward" in (tmp_path / "latest.md").read_text()
+
+
 def test_interrupted_run_leaves_nothing_behind(tmp_path):
     harness = start_harness(tmp_path, "--methods", "dense")
     deadline = time.monotonic() + 120

@@ -58,3 +58,6 @@ def test_a_step_that_overflows_on_one_rank_is_skipped_by_every_rank(values, pass
     if values == "ternary":
         residuals = opt.pactrain_state._ternary.memory.residuals
         assert all(np.isfinite(r.numpy()).all() for r in residuals.values()), "an overflow stayed in the error memory"
+        scales = {name: scale.numpy() for name, scale in opt.pactrain_state._ternary.scales.items()}
+        assert all(np.isfinite(scale) and scale > 0 for scale in scales.values()), f"an overflow became a scale: {scales}"
+        assert all(gathered_equal(scales).values())

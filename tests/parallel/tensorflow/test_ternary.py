@@ -1,5 +1,6 @@
-"""values='ternary' and 'fp16' in the TF frontend: shared-scale ternary codes summed in int32 lanes by Horovod, with
-error feedback, inside tf.function across mask changes; fp16 packed values; Keras model.fit; bad arguments."""
+"""values='ternary' and 'fp16' in the TF frontend: ternary codes at a held scale (the previous step's MAX over ranks)
+summed in int32 lanes by Horovod, with error feedback, inside tf.function across mask changes; fp16 packed values;
+Keras model.fit; bad arguments; checkpoints of the memory and the held scales."""
 
 import io
 
@@ -50,6 +51,7 @@ def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
         x, y = batch(number)
         local = local_gradients(model, x, y)
         before = {name: residual.numpy() for name, residual in memory.residuals.items()}
+        held = {name: scale.numpy() for name, scale in state._ternary.scales.items()}
         old_indices = {name: c.surviving_indices.numpy() for name, c in state._compressors.items()}
         grads = dict(zip(variables, (g.numpy() for g in step(x, y))))
         traces = traces or step.experimental_get_tracing_count()
@@ -68,8 +70,12 @@ def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
             indices, numel = state._compressors[name].surviving_indices.numpy(), variables[name].shape.num_elements()
             residual = remapped(before[name], old_indices[name], indices, numel)
             values = local[name].numpy().reshape(-1)[indices] + residual  # error feedback: last step's error added
-            scale = hvd.allreduce(tf.reduce_max(tf.abs(values)), op=hvd.Max, name=f"ref.scale.{op}.{number}.{name}")
-            scale = np.float32(scale.numpy())
+            step_max = hvd.allreduce(tf.reduce_max(tf.abs(values)), op=hvd.Max, name=f"ref.scale.{op}.{number}.{name}")
+            step_max = np.float32(step_max.numpy())
+            # the first packed step agrees this step's MAX; later steps round at the one held from the step before
+            assert np.isnan(held[name]) == (number == 2), (name, number, held[name])
+            scale = step_max if np.isnan(held[name]) else held[name]
+            assert state._ternary.scales[name].numpy() == pytest.approx(step_max, rel=1e-6)  # the next step's
             dequantized = values - memory.residuals[name].numpy()  # what this rank sent: t * scale
             ternary = np.round(dequantized / scale)
             sent = dequantized[ternary != 0]
@@ -78,7 +84,7 @@ def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
             assert all_true(codes_ok, f"codes.{op}.{number}.{name}"), f"{name}: a rank sent values other than t * scale"
             summed = hvd.allreduce(tf.constant(ternary, tf.int32), op=hvd.Sum, name=f"ref.sum.{op}.{number}.{name}")
             codes = hvd.allreduce(tf.constant(np.count_nonzero(ternary)), op=hvd.Sum, name=f"ref.n{op}.{number}.{name}")
-            assert int(codes) > 0  # the largest value is always sent (as sign(v) * scale)
+            assert int(codes) > 0  # hundreds of values, each sent with probability min(1, |v| / scale)
             expected = summed.numpy().astype(np.float32) * scale / (size if op == hvd.Average else 1)
             got = grads[name].reshape(-1)
             close = np.allclose(got[indices], expected, rtol=1e-6, atol=0)
@@ -168,7 +174,8 @@ def test_bad_values_arguments_are_refused_before_anything(kwargs, message):
 
 
 def test_checkpoint_carries_this_ranks_error_memory_and_noise():
-    """As torch's state_dict: a rank restores its own residuals and noise; a misfit residual is refused."""
+    """As torch's state_dict: a rank restores its own residuals and noise, every rank the held scales (the same
+    everywhere); a misfit residual is refused."""
     model = make_model()
     opt = keras.optimizers.SGD(0.05, momentum=0.9)
     state = pt.PacTrainState(values="ternary", sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=1000,
@@ -179,13 +186,18 @@ def test_checkpoint_carries_this_ranks_error_memory_and_noise():
     blob = state.serialize()
     saved = {name: residual.numpy() for name, residual in state._ternary.memory.residuals.items()}
     noise = state._ternary.noise.generator.state.numpy()
+    scales = {name: scale.numpy() for name, scale in state._ternary.scales.items()}
     assert any(residual.size for residual in saved.values())
+    packed_names = [name for name, residual in saved.items() if residual.size]
+    assert all(scales[name] > 0 for name in packed_names)
+    assert all(gathered_equal({name: scales[name] for name in packed_names}).values())  # every rank holds the same
     step(*batch(3))  # memory and noise move on
     assert any(not np.array_equal(state._ternary.memory.residuals[n].numpy(), r) for n, r in saved.items() if r.size)
     state.deserialize(blob)
     for name, residual in saved.items():
         np.testing.assert_array_equal(state._ternary.memory.residuals[name].numpy(), residual, err_msg=name)
     np.testing.assert_array_equal(state._ternary.noise.generator.state.numpy(), noise)
+    assert {name: scale.numpy() for name, scale in state._ternary.scales.items()} == pytest.approx(scales, nan_ok=True)
 
     with np.load(io.BytesIO(blob)) as arrays:
         entries = dict(arrays)
@@ -203,4 +215,14 @@ def test_checkpoint_carries_this_ranks_error_memory_and_noise():
     fresh.deserialize(buffer.getvalue())
     assert all(residual.numpy().size == 0 or not residual.numpy().any()
                for residual in fresh._ternary.memory.residuals.values())
+    assert {name: scale.numpy() for name, scale in fresh._ternary.scales.items()} == pytest.approx(scales, nan_ok=True)
+    buffer = io.BytesIO()
+    np.savez(buffer, **dict(entries, ternary_scales=-entries["ternary_scales"]))
+    with pytest.raises(pt.CheckpointError, match="ternary scales must be >= 0 and finite"):
+        fresh.deserialize(buffer.getvalue())
+    del entries["ternary_scales"], entries["scale_positions"]  # a checkpoint from before held scales: none held
+    buffer = io.BytesIO()
+    np.savez(buffer, **entries)
+    fresh.deserialize(buffer.getvalue())
+    assert all(np.isnan(scale.numpy()) for scale in fresh._ternary.scales.values())
     assert fresh.step_count == 3
