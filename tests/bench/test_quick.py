@@ -92,7 +92,9 @@ def test_quick_ddp_cells(tmp_path):
     ddp, powersgd, packed = (cells[m] for m in methods)
     assert ddp["payload"]["allreduce_bytes"] == pytest.approx(44.7e6, rel=0.01)
     assert powersgd["payload"]["allreduce_bytes"] == powersgd_bytes(build("resnet18"), 4)
-    assert packed["payload"]["allreduce_bytes"] == pytest.approx(2.311e6, rel=0.01)  # as test_quick_run's Horovod cell
+    # 0.9 sparsity, fp16 values: below the Horovod cell's 2.311 MB of test_quick_run, because the hook plans per
+    # bucket, where the small tensors that Horovod's per-tensor plan sends whole are packed with the rest
+    assert packed["payload"]["allreduce_bytes"] == pytest.approx(2.252e6, rel=0.01)
     for cell in cells.values():
         assert cell["comm_in_backward"] and cell["phases_s"]["comm_wait"] < 0.01
         assert cell["wire_tx_bytes_per_step"] >= 0.95 * cell["ideal_ring_bytes_per_worker"]
