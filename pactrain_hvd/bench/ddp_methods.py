@@ -29,9 +29,9 @@ def one_bucket_mb(model: torch.nn.Module) -> float:
     """A bucket cap (MiB) that holds every gradient of ``model``: DDP then builds exactly one bucket.
 
     torch's ``powerSGD_hook`` issues its P and Q all-reduces from future callbacks, so with several
-    buckets they race the next bucket's all-reduce issued by backward; on Gloo, which matches
-    collectives by issue order, ranks then pair up different tensors (``gloo::EnforceNotMet ...
-    op.preamble.length <= op.nbytes``; pytorch/pytorch#58467). One bucket leaves nothing to race.
+    buckets they can race the next bucket's all-reduce issued by backward; on Gloo, which matches
+    collectives by issue order, ranks then pair up different tensors (what a 4-worker run with DDP's
+    default buckets died of: ``gloo::EnforceNotMet``, a size mismatch). One bucket leaves nothing to race.
     """
     return sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20 + 1
 

@@ -79,7 +79,7 @@ def test_quick_run(tmp_path):
 
 def test_quick_ddp_cells(tmp_path):
     """DDP's default all-reduce, torch's PowerSGD hook and PacTrain's hook in the same harness: the bytes each
-    hands ``all_reduce`` are on the NIC, and PacTrain's hook sends what PacTrain's Horovod optimizer sends."""
+    hands ``all_reduce`` are on the NIC, and PacTrain's hook packs per bucket."""
     from pactrain_hvd.bench.ddp_methods import powersgd_bytes
     from pactrain_hvd.bench.models import build
 
