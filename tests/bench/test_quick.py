@@ -91,13 +91,16 @@ def test_quick_ddp_cells(tmp_path):
     assert set(cells) == set(methods) and all("error" not in cell for cell in cells.values())
     ddp, powersgd, packed = (cells[m] for m in methods)
     assert ddp["payload"]["allreduce_bytes"] == pytest.approx(44.7e6, rel=0.01)
-    assert powersgd["payload"]["allreduce_bytes"] == powersgd_bytes(build("resnet18"), 4)
+    assert powersgd["payload"]["allreduce_bytes"] == powersgd_bytes(build("resnet18"), 4)  # the worker's accounting
+    assert 50 < ddp["payload"]["allreduce_bytes"] / powersgd["payload"]["allreduce_bytes"] < 100  # rank 4: ~72x
     # 0.9 sparsity, fp16 values: below the Horovod cell's 2.311 MB of test_quick_run, because the hook plans per
     # bucket, where the small tensors that Horovod's per-tensor plan sends whole are packed with the rest
     assert packed["payload"]["allreduce_bytes"] == pytest.approx(2.252e6, rel=0.01)
     for cell in cells.values():
         assert cell["comm_in_backward"] and cell["phases_s"]["comm_wait"] < 0.01
         assert cell["wire_tx_bytes_per_step"] >= 0.95 * cell["ideal_ring_bytes_per_worker"]
+        # and not much more: the accounting is not an underestimate (headers and control traffic aside)
+        assert cell["wire_tx_bytes_per_step"] <= 1.5 * cell["ideal_ring_bytes_per_worker"] + cell["control_tx_bytes_per_step"]
         assert cell["step_s"] >= 0.9 * cell["counter_wire_s"], cell
     assert "in backward" in (tmp_path / "latest.md").read_text()
 
