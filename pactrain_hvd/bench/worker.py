@@ -153,7 +153,10 @@ def run(args: argparse.Namespace) -> dict:
 
     device = args.device if spec is not None else ""
     losses, steps, forward_windows = [], [], []
-    for _ in range(args.warmup):
+    warmup = args.warmup
+    if spec is not None and spec.frontend == "ddp" and spec.kind == "powersgd":  # timed steps must compress
+        warmup = max(warmup, ddp_methods.POWERSGD_START_ITER)
+    for _ in range(warmup):
         losses.append(train_step(args.model, forward, step_optimizer, inputs, targets, clock, synchronizes)[1])
     fence()
     before = nic_counters(args.device) if device else None
@@ -169,7 +172,7 @@ def run(args: argparse.Namespace) -> dict:
     record = {
         "rank": rank, "size": size, "model": args.model, "method": args.method if spec else "compute-only",
         "comm_in_backward": spec is not None and spec.frontend == "ddp",
-        "batch_size": args.batch_size, "threads": torch.get_num_threads(), "warmup": args.warmup,
+        "batch_size": args.batch_size, "threads": torch.get_num_threads(), "warmup": warmup,
         "parameters": sum(p.numel() for p in model.parameters()),
         "steps": steps, "losses": losses,
         "nic": {"device": args.device, **counter_delta(before, after)} if before else None,
