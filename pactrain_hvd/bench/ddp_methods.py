@@ -25,6 +25,11 @@ POWERSGD_START_ITER = 2
 POWERSGD_MIN_COMPRESSION_RATE = 2  # torch's default: a matrix is compressed where that saves 2x or more
 
 
+def settle_steps(spec: MethodSpec) -> int:
+    """Steps before ``spec``'s hook runs as it will from then on (PowerSGD: vanilla all-reduce first)."""
+    return POWERSGD_START_ITER if spec.kind == "powersgd" else 0
+
+
 def one_bucket_mb(model: torch.nn.Module) -> float:
     """A bucket cap (MiB) that holds every gradient of ``model``: DDP then builds exactly one bucket.
 

@@ -3,9 +3,9 @@
 Targets, per cell: dense fp16's final metric less 0.5 pp of accuracy (or 1 % more perplexity),
 and a lower one that every method reaches (the worst final metric, if below the first). *At
 budget*: each method's metric at the training time of the fastest run, the same wall clock for
-all (dense has done fewer steps by then). Training time excludes evaluation. *x bound* is a run's throughput over the
-concurrent compute bound; *last third* the same from the median step time of its last third of steps
-(PacTrain's masks are final by then).
+all (dense has done fewer steps by then). Training time excludes evaluation. *x bound* is a run's
+throughput over the concurrent compute bound; *last third* the same from the median step time of
+its last third of steps (PacTrain's masks are final by then).
 """
 
 from __future__ import annotations

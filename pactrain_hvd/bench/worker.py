@@ -135,8 +135,9 @@ def run(args: argparse.Namespace) -> dict:
     model = build(args.model)
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
     clock = PhaseClock()
+    on_ddp = spec is not None and spec.frontend == "ddp"  # then comm ends inside backward(), no synchronize()
     distributed, forward = None, model  # distributed: Horovod's optimizer, or DDP's hook state (PacTrain's) or None
-    if spec is not None and spec.frontend == "ddp":  # DDP broadcasts rank 0's parameters itself
+    if on_ddp:  # DDP broadcasts rank 0's parameters itself
         ddp_methods.join(rank, size)
         forward, distributed = ddp_methods.wrap(spec, model, optimizer, total_steps=None)
     elif spec is not None:
@@ -144,7 +145,7 @@ def run(args: argparse.Namespace) -> dict:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     generator = torch.Generator().manual_seed(args.seed * 1000 + rank)
     inputs, targets = synthetic_batch(args.model, args.batch_size, generator)
-    synchronizes = spec is not None and spec.frontend == "horovod"  # else comm ends inside backward()
+    synchronizes = spec is not None and not on_ddp
     step_optimizer = distributed if synchronizes else optimizer
 
     def fence() -> None:
@@ -153,9 +154,7 @@ def run(args: argparse.Namespace) -> dict:
 
     device = args.device if spec is not None else ""
     losses, steps, forward_windows = [], [], []
-    warmup = args.warmup
-    if spec is not None and spec.frontend == "ddp" and spec.kind == "powersgd":  # timed steps must compress
-        warmup = max(warmup, ddp_methods.POWERSGD_START_ITER)
+    warmup = max(args.warmup, ddp_methods.settle_steps(spec)) if on_ddp else args.warmup  # time the steady state
     for _ in range(warmup):
         losses.append(train_step(args.model, forward, step_optimizer, inputs, targets, clock, synchronizes)[1])
     fence()
@@ -171,7 +170,7 @@ def run(args: argparse.Namespace) -> dict:
 
     record = {
         "rank": rank, "size": size, "model": args.model, "method": args.method if spec else "compute-only",
-        "comm_in_backward": spec is not None and spec.frontend == "ddp",
+        "comm_in_backward": on_ddp,
         "batch_size": args.batch_size, "threads": torch.get_num_threads(), "warmup": warmup,
         "parameters": sum(p.numel() for p in model.parameters()),
         "steps": steps, "losses": losses,
