@@ -64,6 +64,9 @@ class Workload:
     evaluate: Callable[[str], float]  # the held-out metric over all ranks (a Horovod collective)
     metric: str
     samples_per_step: int  # per worker
+    lr_factor: Callable[[int], Callable[[int], float]] = lambda steps: (  # steps -> LambdaLR factor; default cosine to 0
+        lambda step: 0.5 * (1 + math.cos(math.pi * step / steps)))
+    clip_norm: float = 0.0  # clip the averaged gradient's norm (0: off)
 
 
 def image(batch_size: int, eval_samples: int, rank: int, size: int) -> Workload:
@@ -111,8 +114,10 @@ def language(batch_size: int, eval_batches: int, rank: int, size: int, seed: int
         settings = SimpleNamespace(batch_size=batch_size, block_size=block, val_batches=eval_batches)
         return lm.evaluate(model, val_ids, settings, torch.device("cpu"), name)[1]
 
-    return Workload(model, lambda m, n: torch.optim.AdamW(m.parameters(), lr=3e-3, weight_decay=0.01), next_batch,
-                    lm.next_token_loss, evaluate, "val_perplexity", batch_size)
+    defaults = lm.parse_args([])  # the example's recipe: optimizer, warm-up then cosine, clipping
+    return Workload(model, lambda m, n: lm.make_optimizer(m, defaults.lr, defaults.weight_decay), next_batch,
+                    lm.next_token_loss, evaluate, "val_perplexity", batch_size,
+                    lambda steps: lm.warmup_cosine(steps, lm.default_warmup(steps)), defaults.clip_norm)
 
 
 def build_workload(args: argparse.Namespace, rank: int, size: int) -> Workload:
@@ -137,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     workload = build_workload(args, rank, size)
     model = workload.model
     optimizer = workload.make_optimizer(model, size)
-    # The same schedule for every method: cosine to 0 over the step budget (set on the plain optimizer,
-    # whose param groups every wrapper shares).
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * step / args.steps)))
+    # The same schedule for every method over the step budget (set on the plain optimizer, whose param groups
+    # every wrapper shares).
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, workload.lr_factor(args.steps))
     spec = parse_method(args.method)
     trainer, forward, reporter = optimizer, model, None  # reporter: what has PacTrain's stats()
     if spec.frontend == "ddp" and not args.compute_only:  # Horovod still evaluates; DDP trains
@@ -157,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         trainer.zero_grad()
         loss = workload.loss(forward(inputs), targets)
         loss.backward()
-        trainer.step()
+        if workload.clip_norm:
+            example("pytorch_char_lm").clipped_step(trainer, model.parameters(), workload.clip_norm)
+        else:
+            trainer.step()
         scheduler.step()
         step_s.append(time.perf_counter() - started)
         train_s += step_s[-1]
