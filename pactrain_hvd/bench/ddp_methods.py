@@ -2,8 +2,9 @@
 
 ``ddp`` is DDP's default all-reduce (fp32); ``ddp-fp16`` torch's ``fp16_compress_hook``;
 ``ddp-powersgd`` torch's ``powerSGD_hook`` (rank 4, error feedback, warm start; one bucket, see
-``one_bucket_mb``); ``ddp-pactrain-...``
-``pt.ddp.pactrain_hook`` with the same pruning schedule as the Horovod methods. Every worker joins
+``one_bucket_mb``); ``ddp-pactrain-...`` ``pt.ddp.pactrain_hook`` with the same pruning schedule as
+the Horovod methods, its fp16 and ternary variants under torch's ``fp16_compress_wrapper`` (dense
+buckets in fp16, as the Horovod methods' ``Compression.fp16`` sends dense tensors). Every worker joins
 ``torch.distributed`` (Gloo) from the harness's ``MASTER_ADDR`` / ``MASTER_PORT``.
 """
 
@@ -84,6 +85,8 @@ def wrap(spec: MethodSpec, model: torch.nn.Module, optimizer: torch.optim.Optimi
         values = "ternary" if spec.ternary_values else "fp16" if spec.fp16_values else "fp32"
         state = pt.ddp.PacTrainHookState(ddp, optimizer, sparsity=spec.sparsity, packed_values=values,
                                          **pruning_schedule(spec, total_steps))
-        ddp.register_comm_hook(state, pt.ddp.pactrain_hook)
+        # fp16 and ternary: dense buckets in fp16 too, as the Horovod methods' Compression.fp16 sends dense tensors
+        hook = pt.ddp.pactrain_hook if values == "fp32" else default_hooks.fp16_compress_wrapper(pt.ddp.pactrain_hook)
+        ddp.register_comm_hook(state, hook)
         return ddp, state
     raise ValueError(f"no DDP method of kind {spec.kind!r}")

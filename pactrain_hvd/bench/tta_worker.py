@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         scheduler.step()
         step_s.append(time.perf_counter() - started)
         train_s += step_s[-1]
-        losses.append(float(loss))
+        losses.append(loss.item())
         if not args.compute_only and (step % args.eval_every == 0 or step == args.steps):
             metric = workload.evaluate(f"tta.eval.{step}")
             model.train()

@@ -15,6 +15,28 @@ DEFAULT_VERIFY_EVERY = 100
 VALUE_ENCODINGS = ("fp32", "fp16", "ternary")  # how packed (surviving) values travel
 
 
+REDUCE_OPS = ("Average", "Sum", "Min", "Max")  # what packing supports: each survivor reduced on its own
+_OTHER_REDUCE_OPS = ("Adasum", "Product")
+
+
+def require_initialized(hvd: Any, caller: str) -> None:
+    """``hvd`` is the frontend's Horovod module; ``caller`` what needs it."""
+    if not hvd.is_initialized():
+        raise RuntimeError(f"Horovod is not initialized: call hvd.init() before creating {caller}")
+
+
+def reduce_op_name(hvd: Any, op: Any, gradient_predivide_factor: float) -> str:
+    """The name of ``op``, one of the frontend module ``hvd``'s reduce ops, checked as packing and Horovod need."""
+    names = {getattr(hvd, name): name for name in REDUCE_OPS + _OTHER_REDUCE_OPS}
+    if names.get(op) not in REDUCE_OPS:
+        shown = f"hvd.{names[op]}" if op in names else repr(op)
+        raise ValueError(f"op={shown} is not supported with packing: use hvd.Average, hvd.Sum, hvd.Min or hvd.Max "
+                         "(Adasum is not)")
+    if gradient_predivide_factor != 1.0 and names[op] != "Average":
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    return names[op]
+
+
 def check_values(values: Any, op_name: str, grouped: bool) -> None:
     """``values`` with the reduction it goes with: ternary codes are summed as integers (so Average
     or Sum only) and each ternary tensor's codes travel on their own, rounded at that tensor's held scale."""

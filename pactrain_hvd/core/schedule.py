@@ -61,6 +61,14 @@ class PolynomialSchedule:
             return self.end_step
         return self.begin_step + (step - self.begin_step) // self.frequency * self.frequency
 
+    def next_update_after(self, step: int) -> int | None:
+        """The first update step > ``step`` (None: masks are final)."""
+        candidates = [self.begin_step, self.end_step]
+        last = self.last_update_at_or_before(step)
+        if last is not None:
+            candidates.append(last + self.frequency)
+        return min((c for c in candidates if c > step and self.is_update_step(c)), default=None)
+
 
 # Without ``total_steps`` the clock is fixed, whatever the run's length (tfmot's PolynomialDecay asks the same).
 FIXED_CLOCK = (0, 1000, 100)

@@ -41,14 +41,19 @@ from horovod.tensorflow.compression import Compression, Compressor
 from pactrain_hvd.core import (
     CheckpointError,
     PacTrainConfig,
-    PolynomialSchedule,
     StepStats,
     TensorStats,
     check_saved_world_size,
     saved_by_this_rank,
     should_pack,
 )
-from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY, check_values
+from pactrain_hvd.core.config import (
+    DEFAULT_RANKING,
+    DEFAULT_VERIFY_EVERY,
+    check_values,
+    reduce_op_name,
+    require_initialized,
+)
 from pactrain_hvd.core.lanes import ternary_layout
 from pactrain_hvd.core.own_masks import schedule_sparsity
 from pactrain_hvd.tensorflow.compression import PACKED, UNMASKED, PacTrainCompressor
@@ -65,28 +70,12 @@ from pactrain_hvd.tensorflow.pruning import (
 )
 from pactrain_hvd.tensorflow.ternary import TernaryReduction
 
-_SUPPORTED_OPS = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Min: "Min", hvd.Max: "Max"}
-_OTHER_OPS = {hvd.Adasum: "Adasum", hvd.Product: "Product"}
 _NEVER = np.iinfo(np.int64).max
 _DUE_NOW = -1  # ``_next_due`` value: maintain (and verify) at the next step, whatever its number
 _Reduced = tuple[tf.Tensor, tf.Tensor]  # a reduced gradient and the bytes its tensor put on the wire
 _HOROVOD_DEFAULTS = {"compression": Compression.none, "sparse_as_dense": False, "op": hvd.Average,
                      "gradient_predivide_factor": 1.0, "groups": None, "process_set": hvd.global_process_set,
                      "device_dense": "", "device_sparse": "", "scale_local_gradients": True}
-
-
-def _require_initialized(caller: str) -> None:
-    if not hvd.is_initialized():
-        raise RuntimeError(f"Horovod is not initialized: call hvd.init() before creating {caller}")
-
-
-def _next_update_after(schedule: PolynomialSchedule, step: int) -> int | None:
-    """The first step after ``step`` at which the schedule recomputes masks."""
-    candidates = [schedule.begin_step, schedule.end_step]
-    last = schedule.last_update_at_or_before(step)
-    if last is not None:
-        candidates.append(last + schedule.frequency)
-    return min((c for c in candidates if c > step and schedule.is_update_step(c)), default=None)
 
 
 def _validate_groups(groups: Any) -> None:
@@ -115,14 +104,9 @@ def _checked_arguments(*, compression: Any, op: Any, gradient_predivide_factor: 
     if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
         raise TypeError(f"compression must be a Horovod Compressor such as hvd.Compression.fp16, "
                         f"got {compression!r}")
-    if op not in _SUPPORTED_OPS:
-        op_name = f"hvd.{_OTHER_OPS[op]}" if op in _OTHER_OPS else repr(op)
-        raise ValueError(f"op={op_name} is not supported with packing: use hvd.Average, hvd.Sum, hvd.Min or "
-                         "hvd.Max (Adasum is not)")
-    if gradient_predivide_factor != 1.0 and op != hvd.Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    op_name = reduce_op_name(hvd, op, gradient_predivide_factor)
     _validate_groups(groups)
-    check_values(values, _SUPPORTED_OPS[op], groups is not None)
+    check_values(values, op_name, groups is not None)
     if values == "fp16" and groups is not None:
         raise ValueError("values='fp16' cannot be combined with groups in the TensorFlow frontend: a pruned "
                          "tensor's plan, hence its wire dtype, is chosen when the step runs; "
@@ -131,7 +115,7 @@ def _checked_arguments(*, compression: Any, op: Any, gradient_predivide_factor: 
         raise TypeError(f"process_set must be a horovod ProcessSet, got {type(process_set).__name__}")
     if prunable is not None and isinstance(prunable, str):
         raise TypeError("prunable must be a predicate or a list of name patterns, not a single string")
-    _require_initialized("pactrain_hvd.tensorflow.PacTrainState")
+    require_initialized(hvd, "pactrain_hvd.tensorflow.PacTrainState")
     return config, own_masks
 
 
@@ -413,7 +397,7 @@ class PacTrainState(tf.train.experimental.PythonState):
 
     def _next_maintenance_after(self, step: int) -> int:
         """The next step that needs ``_maintain``: a schedule update or a periodic verification."""
-        following = [s for s in (_next_update_after(self.config.schedule, step),) if s is not None]
+        following = [s for s in (self.config.schedule.next_update_after(step),) if s is not None]
         if self.config.verify_every:
             following.append((step // self.config.verify_every + 1) * self.config.verify_every)
         return min(following, default=_NEVER)

@@ -12,6 +12,9 @@ parameters; cached per mask change and per bucket, so DDP's rebuild of buckets a
 iteration is a new plan) through one asynchronous ``dist.all_reduce`` and scatters the result
 back, divided by the world size as DDP's default hook does. A bucket the plan keeps dense travels
 whole, with pruned coordinates zeroed; a bucket with nothing pruned is DDP's default all-reduce.
+Dense buckets travel in the bucket's dtype: for fp16 there too (as ``hvd.Compression.fp16`` does for the
+Horovod frontend's dense tensors), wrap the hook as torch wraps its own:
+``register_comm_hook(state, fp16_compress_wrapper(pactrain_hook))``.
 
 Pruning, the Mask Tracker and enforcement are the Horovod frontend's (``Pruner``), moved by
 ``torch.distributed``. DDP does not wrap the optimizer, so the state registers step hooks on it:
@@ -91,7 +94,8 @@ class PacTrainHookState:
     Takes the PacTrain arguments of ``pt.DistributedOptimizer`` (``sparsity``, ``begin_step``,
     ``end_step``, ``frequency``, ``total_steps``, ``prunable``, ``ranking``, ``pack_min_numel``, ``pack_max_density``,
     ``verify_every``) plus ``process_group`` (DDP's; default: the world) and ``packed_values``:
-    how surviving values travel (dense buckets travel as DDP sends them): ``"fp32"``, ``"fp16"``, or
+    how surviving values travel (dense buckets travel as DDP hands them): ``"fp32"`` (the bucket's dtype:
+    fp32, or fp16 under ``fp16_compress_wrapper``), ``"fp16"``, or
     ``"ternary"``, the Horovod frontend's shared-scale stochastic ternary with error feedback in int32
     lanes (one MAX all-reduce of the bucket's scale, then the codes; fp16 where lanes do not pay).
     """
@@ -133,7 +137,7 @@ class PacTrainHookState:
         self.optimizer = optimizer
         world_size = dist.get_world_size(process_group)
         self.lanes: LaneLayout | None = ternary_layout(world_size) if packed_values == "ternary" else None
-        self.packed_dtype = torch.float32 if packed_values == "fp32" else torch.float16  # fp16: ternary's fallback
+        self.packed_dtype = None if packed_values == "fp32" else torch.float16  # None: the bucket's; fp16: ternary's fallback
         # Per parameter, not per bucket: DDP rebuilds its buckets after the first iteration (and a resumed
         # run starts from the first buckets again), so only per-parameter memory and noise resume exactly.
         self.memory = ErrorFeedback()
@@ -289,10 +293,11 @@ class PacTrainHookState:
         return BucketPlan(names, None, ~flat, kept, numel)
 
     def _record(self, bucket: dist.GradBucket, plan: BucketPlan, sent_bytes: int) -> None:
-        buffer = bucket.buffer()
+        # dense: the gradients' own dtype (an fp16 wrapper has already cast the buffer)
+        dense_bytes = bucket.buffer().numel() * bucket.parameters()[0].element_size()
         self._stats.tensors[f"bucket{bucket.index()}"] = TensorStats(
             numel=plan.numel, kept=plan.kept, packed=plan.surviving is not None,
-            sent_bytes=sent_bytes, dense_bytes=buffer.numel() * buffer.element_size())
+            sent_bytes=sent_bytes, dense_bytes=dense_bytes)
 
 
 def _ternary_allreduce(state: PacTrainHookState, plan: BucketPlan, buffer: torch.Tensor,
@@ -349,7 +354,7 @@ def pactrain_hook(state: PacTrainHookState, bucket: dist.GradBucket) -> torch.fu
         # int32 words and one fp32 scale per parameter
         state._record(bucket, plan, 4 * (state.lanes.words(plan.kept) + len(plan.segments)))
         return _ternary_allreduce(state, plan, buffer, group)
-    values = buffer.index_select(0, plan.surviving).to(state.packed_dtype).div_(world_size)
+    values = buffer.index_select(0, plan.surviving).to(state.packed_dtype or buffer.dtype).div_(world_size)
     state._record(bucket, plan, values.numel() * values.element_size())
 
     def scatter(fut: torch.futures.Future) -> torch.Tensor:

@@ -34,7 +34,13 @@ from pactrain_hvd.core import (
     should_pack,
     while_running,
 )
-from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY, check_values
+from pactrain_hvd.core.config import (
+    DEFAULT_RANKING,
+    DEFAULT_VERIFY_EVERY,
+    check_values,
+    reduce_op_name,
+    require_initialized,
+)
 from pactrain_hvd.core.lanes import SCALE_BYTES, ternary_layout
 from pactrain_hvd.core.own_masks import schedule_sparsity
 from pactrain_hvd.torch.compression import PacTrainCompressor
@@ -42,18 +48,11 @@ from pactrain_hvd.torch.own_masks import resolve_masks, sync_prune_buffers, warn
 from pactrain_hvd.torch.pruning import Prunable, Pruner, host_masks, select_prunable, zero_stays_zero
 from pactrain_hvd.torch.ternary import TernaryReduction, TernarySend
 
-_SUPPORTED_OPS = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Min: "Min", hvd.Max: "Max"}
-_OTHER_OPS = {hvd.Adasum: "Adasum", hvd.Product: "Product"}
 # Horovod's torch all-reduce carries fp16/fp32/fp64 gradients (bf16 travels as fp32, see compression.py);
 # complex gradients it rejects mid-step ("Tensor type torch.ComplexFloatTensor is not supported").
 _REDUCIBLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # PacTrain's entries in a prunable parameter's optimizer state (see DistributedOptimizer.state_dict)
 _MASK_KEY, _STEP_KEY, _SCALES_KEY = "pactrain.mask", "pactrain.step", "pactrain.scales"
-
-
-def _require_initialized() -> None:
-    if not hvd.is_initialized():
-        raise RuntimeError("Horovod is not initialized: call hvd.init() before creating pactrain_hvd.torch.DistributedOptimizer")
 
 
 def _named_parameters(optimizer: torch.optim.Optimizer, named_parameters: Iterable | None) -> dict[str, torch.Tensor]:
@@ -177,16 +176,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         )
         if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) or backward_passes_per_step <= 0:
             raise ValueError(f"backward_passes_per_step must be an int > 0, got {backward_passes_per_step!r}")
-        if op not in _SUPPORTED_OPS:
-            op_name = f"hvd.{_OTHER_OPS[op]}" if op in _OTHER_OPS else repr(op)
-            raise ValueError(f"op={op_name} is not supported with packing: use hvd.Average, hvd.Sum, hvd.Min or hvd.Max "
-                             "(Adasum is not)")
-        if gradient_predivide_factor != 1.0 and op != hvd.Average:
-            raise ValueError("gradient_predivide_factor not supported with op != Average")
+        op_name = reduce_op_name(hvd, op, gradient_predivide_factor)
         if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
             raise ValueError("groups should be a positive integer or a list of lists of torch.Tensor")
-        check_values(values, _SUPPORTED_OPS[op], groups is not None)
-        _require_initialized()
+        check_values(values, op_name, groups is not None)
+        require_initialized(hvd, "pactrain_hvd.torch.DistributedOptimizer")
         self._optimizer = optimizer
         self._parameters = parameters
         _check_dtypes(self._parameters)

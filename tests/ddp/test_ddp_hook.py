@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_wrapper
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import pactrain_hvd.torch as pt
@@ -183,6 +184,34 @@ def scenario_fp16_values():
     same_on_all_ranks(dict(model.module.named_parameters()))
 
 
+def scenario_fp16_wrapper_sends_dense_buckets_in_fp16():
+    """Under torch's ``fp16_compress_wrapper`` (the fp16 of DDP's dense path) a dense-plan bucket travels as fp16
+    too, with its pruned coordinates zeroed, and packed ``"fp32"`` values keep the bucket's fp16: 2 bytes for every
+    value sent; the reduced gradients are the fp32 reference's, masked and averaged, to fp16 precision."""
+    torch.manual_seed(0)
+    model = DDP(Net(), bucket_cap_mb=0.02)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    state = pt.ddp.PacTrainHookState(model, opt, sparsity=0.9, ranking="layer", begin_step=0, end_step=0,
+                                     pack_min_numel=20000)  # fc1's bucket packs, the smaller ones stay dense
+    model.register_comm_hook(state, fp16_compress_wrapper(pt.ddp.pactrain_hook))
+    step(model, opt, 0)
+    twin = copy.deepcopy(model.module)
+    inputs, labels = batch(1)
+    torch.nn.functional.cross_entropy(twin(inputs), labels).backward()
+    step(model, opt, 1)
+    masks = state.masks()
+    for (name, p), q in zip(model.module.named_parameters(), twin.parameters()):
+        assert p.grad.dtype == torch.float32
+        reference = (q.grad * masks[name] if name in masks else q.grad) / WORLD
+        dist.all_reduce(reference)
+        torch.testing.assert_close(p.grad, reference, rtol=2e-3, atol=1e-5, msg=f"gradient of {name}")
+    buckets = list(state.stats()["tensors"].values())
+    assert {b["packed"] for b in buckets} == {True, False}
+    assert all(b["sent_bytes"] == 2 * (b["kept"] if b["packed"] else b["numel"]) for b in buckets)
+    assert all(b["dense_bytes"] == 4 * b["numel"] for b in buckets)  # the fp32 gradients' size, not the cast's
+    same_on_all_ranks(dict(model.module.named_parameters()))
+
+
 def scenario_ternary_values_and_their_exact_resume():
     """``packed_values="ternary"``: each survivor's reduced gradient is the mean of the ranks' codes times the
     shared scale; int32 lane words plus one scale per bucket on the wire; error memory and noise resume exactly."""
@@ -217,6 +246,7 @@ def scenario_ternary_values_and_their_exact_resume():
 SCENARIOS = {
     "ternary_values": (scenario_ternary_values_and_their_exact_resume, ()),
     "fp16_values": (scenario_fp16_values, ()),
+    "fp16_wrapper": (scenario_fp16_wrapper_sends_dense_buckets_in_fp16, ()),
     "sparsity_zero": (scenario_sparsity_zero_is_ddps_allreduce, ()),
     "pruned_bucket_view": (scenario_pruned, (True, False, False)),
     "pruned_copy_static_graph": (scenario_pruned, (False, True, False)),

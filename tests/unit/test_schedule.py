@@ -79,3 +79,12 @@ def test_config_follows_total_steps():
     schedule = PacTrainConfig.from_arguments(sparsity=0.9, total_steps=2000).schedule
     assert (schedule.begin_step, schedule.end_step, schedule.frequency) == (200, 1200, 100)
     assert schedule.target(1200) == pytest.approx(0.9) and schedule.target(200) == 0.0
+
+
+@pytest.mark.parametrize("begin, end, frequency", [(0, 10, 3), (5, 5, 1), (2, 20, 5), (0, 0, 7), (3, 9, 100)])
+def test_next_update_is_the_schedules_next_update_step(begin, end, frequency):
+    schedule = PolynomialSchedule(0.9, begin, end, frequency)
+    for step in range(-1, end + 5):
+        expected = next((s for s in range(step + 1, end + 1) if schedule.is_update_step(s)), None)
+        assert schedule.next_update_after(step) == expected, step
+    assert PolynomialSchedule(0.0, 0, 10, 1).next_update_after(-1) is None

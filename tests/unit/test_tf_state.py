@@ -13,8 +13,7 @@ import tf_keras  # noqa: E402
 
 import pactrain_hvd.tensorflow as pt  # noqa: E402
 import pactrain_hvd.tensorflow.keras as ptk  # noqa: E402
-from pactrain_hvd.core import PolynomialSchedule, num_to_keep  # noqa: E402
-from pactrain_hvd.tensorflow.optimizer import _next_update_after  # noqa: E402
+from pactrain_hvd.core import num_to_keep  # noqa: E402
 from pactrain_hvd.tensorflow.pruning import optimizer_slots, select_prunable, variable_names  # noqa: E402
 
 
@@ -26,15 +25,6 @@ def horovod():
 def small_model(api=keras):
     api.utils.set_random_seed(0)
     return api.Sequential([api.Input((6,)), api.layers.Dense(80, name="hidden"), api.layers.Dense(3, name="out")])
-
-
-@pytest.mark.parametrize("begin, end, frequency", [(0, 10, 3), (5, 5, 1), (2, 20, 5), (0, 0, 7), (3, 9, 100)])
-def test_next_update_is_the_schedules_next_update_step(begin, end, frequency):
-    schedule = PolynomialSchedule(0.9, begin, end, frequency)
-    for step in range(-1, end + 5):
-        expected = next((s for s in range(step + 1, end + 1) if schedule.is_update_step(s)), None)
-        assert _next_update_after(schedule, step) == expected, step
-    assert _next_update_after(PolynomialSchedule(0.0, 0, 10, 1), -1) is None
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
