@@ -160,40 +160,14 @@ def scenario_exact_resume():
     assert_resume_is_exact(make)
 
 
-def scenario_fp16_values():
-    """``packed_values="fp16"``: survivors travel as fp16 (half the bytes), averaged like the fp32 reference."""
+def fp16_run(hook, **state_kwargs):
+    """Two SGD steps under ``hook``; each reduced gradient checked against the fp32 reference's, masked and
+    averaged, to fp16 precision. The hook state, for its bytes."""
     torch.manual_seed(0)
     model = DDP(Net(), bucket_cap_mb=0.02)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    state = pt.ddp.PacTrainHookState(model, opt, sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0,
-                                     packed_values="fp16")
-    model.register_comm_hook(state, pt.ddp.pactrain_hook)
-    step(model, opt, 0)
-    twin = copy.deepcopy(model.module)
-    inputs, labels = batch(1)
-    torch.nn.functional.cross_entropy(twin(inputs), labels).backward()
-    step(model, opt, 1)
-    masks = state.masks()
-    for (name, p), q in zip(model.module.named_parameters(), twin.parameters()):
-        reference = (q.grad * masks[name] if name in masks else q.grad) / WORLD
-        dist.all_reduce(reference)
-        torch.testing.assert_close(p.grad, reference, rtol=2e-3, atol=1e-5, msg=f"gradient of {name}")
-    kept = sum(int(mask.sum()) for mask in masks.values())
-    unpruned = sum(p.numel() for name, p in model.module.named_parameters() if name not in masks)
-    assert state.stats()["sent_bytes"] == 2 * (kept + unpruned)
-    same_on_all_ranks(dict(model.module.named_parameters()))
-
-
-def scenario_fp16_wrapper_sends_dense_buckets_in_fp16():
-    """Under torch's ``fp16_compress_wrapper`` (the fp16 of DDP's dense path) a dense-plan bucket travels as fp16
-    too, with its pruned coordinates zeroed, and packed ``"fp32"`` values keep the bucket's fp16: 2 bytes for every
-    value sent; the reduced gradients are the fp32 reference's, masked and averaged, to fp16 precision."""
-    torch.manual_seed(0)
-    model = DDP(Net(), bucket_cap_mb=0.02)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    state = pt.ddp.PacTrainHookState(model, opt, sparsity=0.9, ranking="layer", begin_step=0, end_step=0,
-                                     pack_min_numel=20000)  # fc1's bucket packs, the smaller ones stay dense
-    model.register_comm_hook(state, fp16_compress_wrapper(pt.ddp.pactrain_hook))
+    state = pt.ddp.PacTrainHookState(model, opt, sparsity=0.9, ranking="layer", begin_step=0, end_step=0, **state_kwargs)
+    model.register_comm_hook(state, hook)
     step(model, opt, 0)
     twin = copy.deepcopy(model.module)
     inputs, labels = batch(1)
@@ -205,11 +179,28 @@ def scenario_fp16_wrapper_sends_dense_buckets_in_fp16():
         reference = (q.grad * masks[name] if name in masks else q.grad) / WORLD
         dist.all_reduce(reference)
         torch.testing.assert_close(p.grad, reference, rtol=2e-3, atol=1e-5, msg=f"gradient of {name}")
+    same_on_all_ranks(dict(model.module.named_parameters()))
+    return state, model
+
+
+def scenario_fp16_values():
+    """``packed_values="fp16"``: survivors travel as fp16 (half the bytes), averaged like the fp32 reference."""
+    state, model = fp16_run(pt.ddp.pactrain_hook, pack_min_numel=0, packed_values="fp16")
+    kept = sum(int(mask.sum()) for mask in state.masks().values())
+    unpruned = sum(p.numel() for name, p in model.module.named_parameters() if name not in state.masks())
+    assert state.stats()["sent_bytes"] == 2 * (kept + unpruned)
+
+
+def scenario_fp16_wrapper_sends_dense_buckets_in_fp16():
+    """Under torch's ``fp16_compress_wrapper`` (the fp16 of DDP's dense path) a dense-plan bucket travels as fp16
+    too, with its pruned coordinates zeroed, and packed ``"fp32"`` values keep the bucket's fp16: 2 bytes for every
+    value sent, against the fp32 gradients' 4."""
+    state, _ = fp16_run(fp16_compress_wrapper(pt.ddp.pactrain_hook),
+                        pack_min_numel=20000)  # fc1's bucket packs, the smaller ones stay dense
     buckets = list(state.stats()["tensors"].values())
     assert {b["packed"] for b in buckets} == {True, False}
     assert all(b["sent_bytes"] == 2 * (b["kept"] if b["packed"] else b["numel"]) for b in buckets)
-    assert all(b["dense_bytes"] == 4 * b["numel"] for b in buckets)  # the fp32 gradients' size, not the cast's
-    same_on_all_ranks(dict(model.module.named_parameters()))
+    assert all(b["dense_bytes"] == 4 * b["numel"] for b in buckets)
 
 
 def scenario_ternary_values_and_their_exact_resume():
