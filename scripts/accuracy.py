@@ -228,7 +228,7 @@ def write_markdown(path: Path, runs: list[dict], settings: dict) -> None:
         + (f" (at most {settings['max_steps']} steps)" if settings["max_steps"] else "")
         + f"; language: {settings['lm_epochs']} epoch"
         + (f" (at most {settings['lm_max_steps']} steps)" if settings["lm_max_steps"] else "")
-        + f", cosine; `--fp16`: {settings['fp16']}. Pruning runs from 10 % to 60 % of the steps "
+        + f", the example's recipe (AdamW beta2 0.99, warm-up over 5 % then cosine, clipping at norm 1); `--fp16`: {settings['fp16']}. Pruning runs from 10 % to 60 % of the steps "
         "(`total_steps=`, the default window).", "",
         "*sent MB/run*: bytes each worker handed to the all-reduce over the run; *kB/step, final masks*: the same "
         "per step in the last epoch; *dense kB/step*: a dense all-reduce of every gradient; *train s*: the "
