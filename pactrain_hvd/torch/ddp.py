@@ -85,6 +85,7 @@ class BucketPlan:
     pruned: torch.Tensor | None
     kept: int
     numel: int
+    dense_bytes: int  # the bucket in its parameters' dtype: what dense DDP would send
     segments: tuple[tuple[str, int], ...] = ()  # packed: (parameter name, its surviving count), in buffer order
 
 
@@ -280,8 +281,9 @@ class PacTrainHookState:
                                f"{buffer_numel} values for {sum(p.numel() for p in parameters)}")
         masks = [self._pruner.masks.get(name) for name in names]
         numel = buffer_numel
+        dense_bytes = numel * parameters[0].element_size()
         if all(mask is None for mask in masks):
-            return BucketPlan(names, None, None, numel, numel)
+            return BucketPlan(names, None, None, numel, numel, dense_bytes)
         flat = torch.cat([in_bucket_order(mask, p) if mask is not None else torch.ones(p.numel(), dtype=torch.bool,
                                                                                        device=p.device)
                           for p, mask in zip(parameters, masks)])
@@ -289,15 +291,13 @@ class PacTrainHookState:
         if should_pack(numel, kept, self.config.pack_min_numel, self.config.pack_max_density):
             segments = tuple((name, int(mask.sum()) if mask is not None else p.numel())
                              for name, p, mask in zip(names, parameters, masks))
-            return BucketPlan(names, flat.nonzero().squeeze(1), None, kept, numel, segments)
-        return BucketPlan(names, None, ~flat, kept, numel)
+            return BucketPlan(names, flat.nonzero().squeeze(1), None, kept, numel, dense_bytes, segments)
+        return BucketPlan(names, None, ~flat, kept, numel, dense_bytes)
 
     def _record(self, bucket: dist.GradBucket, plan: BucketPlan, sent_bytes: int) -> None:
-        # dense: the gradients' own dtype (an fp16 wrapper has already cast the buffer)
-        dense_bytes = bucket.buffer().numel() * bucket.parameters()[0].element_size()
         self._stats.tensors[f"bucket{bucket.index()}"] = TensorStats(
             numel=plan.numel, kept=plan.kept, packed=plan.surviving is not None,
-            sent_bytes=sent_bytes, dense_bytes=dense_bytes)
+            sent_bytes=sent_bytes, dense_bytes=plan.dense_bytes)
 
 
 def _ternary_allreduce(state: PacTrainHookState, plan: BucketPlan, buffer: torch.Tensor,
