@@ -296,6 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
         epochs=len(history), batch_size=args.batch_size, block_size=args.block_size, seed=args.seed,
         lr=args.lr, warmup_steps=warmup, clip_norm=args.clip_norm,
         prune_schedule=[begin, end, frequency], ranking=args.ranking, parameters=parameters, sparsity=optimizer.stats()["sparsity"],
+        last_step_sent_bytes=optimizer.stats()["sent_bytes"],  # the last step's: final masks, as the schedule ends early
         val_loss=last.get("val_loss"), val_perplexity=last.get("val_perplexity"), train_loss=last.get("train_loss"),
         wall_seconds=wall_seconds,
         samples_per_s=sum(m["samples"] for m in history) / max(sum(m["train_seconds"] for m in history), 1e-9),

@@ -134,8 +134,12 @@ def planned_runs(args: argparse.Namespace) -> list[Run]:
     return runs
 
 
-def final_mask_bytes_per_step(history: list[dict]) -> float | None:
-    """Bytes per step handed to Horovod in the last epoch, which the schedule leaves with final masks."""
+def final_mask_bytes_per_step(result: dict) -> float | None:
+    """Bytes per step handed to Horovod once masks are final: the last step's where the example records it
+    (a 1-epoch run), else the mean over the last epoch, which the schedule leaves with final masks."""
+    if result.get("last_step_sent_bytes"):
+        return float(result["last_step_sent_bytes"])
+    history = result.get("history") or []
     last = history[-1] if history else None
     return last["sent_bytes"] / last["steps"] if last and last["steps"] else None
 
@@ -166,7 +170,8 @@ def run_one(run: Run, args: argparse.Namespace, out: Path) -> dict:
               flush=True)
         return dict(base, error=f"exit {returncode}")
     result = json.loads(result_json.read_text())
-    result["final_bytes_per_step"] = final_mask_bytes_per_step(result.pop("history", []))
+    result["final_bytes_per_step"] = final_mask_bytes_per_step(result)
+    result.pop("history", None)
     print(f"[accuracy] {run.name}: {run.task.metric} {result[run.task.metric]:.4f}, sent "
           f"{result['sent_bytes'] / 1e6:.1f} MB vs dense {result['dense_bytes'] / 1e6:.1f} MB, {seconds:.0f} s", flush=True)
     return dict(base, **result)

@@ -44,3 +44,10 @@ def test_language_rows_compare_perplexity_in_percent():
     assert "| +2.5 % |" in table.splitlines()[-1]
     with pytest.raises(SystemExit):
         accuracy.parse_args(["--rankings", "row"])
+
+
+def test_final_mask_bytes_prefer_the_last_step_over_the_last_epoch_mean():
+    history = [{"sent_bytes": 9_000, "steps": 3}, {"sent_bytes": 6_000, "steps": 3}]
+    assert accuracy.final_mask_bytes_per_step({"history": history}) == 2_000
+    assert accuracy.final_mask_bytes_per_step({"history": history, "last_step_sent_bytes": 1_500}) == 1_500.0
+    assert accuracy.final_mask_bytes_per_step({"history": []}) is None
