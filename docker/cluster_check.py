@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 import pactrain_hvd.torch as pt
-from pactrain_hvd.data import load_fashion_mnist
+from pactrain_hvd.example_support.data import load_fashion_mnist
 
 SYS_CLASS_NET = Path("/sys/class/net")
 

@@ -28,9 +28,15 @@ from torch import nn
 
 import pactrain_hvd.torch as pt
 from pactrain_hvd.core.masks import DEFAULT_RANKING, RANKINGS
-from pactrain_hvd.data import CharVocab, load_bible_text, random_windows, sequential_windows, split_tokens
-from pactrain_hvd.progress import Progress
-from pactrain_hvd.torch.reporting import WireTally, global_sum, log_step, tensorboard_writer
+from pactrain_hvd.example_support.data import (
+    CharVocab,
+    load_bible_text,
+    random_windows,
+    sequential_windows,
+    split_tokens,
+)
+from pactrain_hvd.example_support.progress import Progress
+from pactrain_hvd.example_support.torch_reporting import WireTally, global_sum, log_step, tensorboard_writer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -290,13 +296,14 @@ def main(argv: list[str] | None = None) -> dict:
     wall_seconds = time.perf_counter() - started
 
     last = history[-1] if history else {}
+    final = optimizer.stats()  # the last step's: final masks, as the schedule ends early
     result = dict(
         example="char_lm", world_size=hvd.size(), sparsity_target=args.sparsity, fp16=args.fp16, values=args.values,
         dense_embeddings=args.dense_embeddings,
         epochs=len(history), batch_size=args.batch_size, block_size=args.block_size, seed=args.seed,
         lr=args.lr, warmup_steps=warmup, clip_norm=args.clip_norm,
-        prune_schedule=[begin, end, frequency], ranking=args.ranking, parameters=parameters, sparsity=optimizer.stats()["sparsity"],
-        last_step_sent_bytes=optimizer.stats()["sent_bytes"],  # the last step's: final masks, as the schedule ends early
+        prune_schedule=[begin, end, frequency], ranking=args.ranking, parameters=parameters, sparsity=final["sparsity"],
+        last_step_sent_bytes=final["sent_bytes"],
         val_loss=last.get("val_loss"), val_perplexity=last.get("val_perplexity"), train_loss=last.get("train_loss"),
         wall_seconds=wall_seconds,
         samples_per_s=sum(m["samples"] for m in history) / max(sum(m["train_seconds"] for m in history), 1e-9),

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 import pactrain_hvd.torch as pt
-from pactrain_hvd.data import load_fashion_mnist
-from pactrain_hvd.progress import Progress
+from pactrain_hvd.example_support.data import load_fashion_mnist
+from pactrain_hvd.example_support.progress import Progress
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--dense", action="store_true", help="plain hvd.DistributedOptimizer, the baseline")

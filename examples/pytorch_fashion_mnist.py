@@ -26,9 +26,9 @@ from torch.utils.data.distributed import DistributedSampler
 
 import pactrain_hvd.torch as pt
 from pactrain_hvd.core.masks import DEFAULT_RANKING, RANKINGS
-from pactrain_hvd.data import load_fashion_mnist
-from pactrain_hvd.progress import Progress
-from pactrain_hvd.torch.reporting import WireTally, global_sum, log_step, tensorboard_writer
+from pactrain_hvd.example_support.data import load_fashion_mnist
+from pactrain_hvd.example_support.progress import Progress
+from pactrain_hvd.example_support.torch_reporting import WireTally, global_sum, log_step, tensorboard_writer
 
 # Training-set statistics of Fashion-MNIST pixels scaled to [0, 1].
 PIXEL_MEAN, PIXEL_STD = 0.2860, 0.3530

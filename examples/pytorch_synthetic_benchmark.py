@@ -26,8 +26,8 @@ from torch import nn
 
 import pactrain_hvd.torch as pt
 from pactrain_hvd.core import ring_allreduce_bytes
-from pactrain_hvd.progress import Progress
-from pactrain_hvd.torch.reporting import log_wire, tensorboard_writer
+from pactrain_hvd.example_support.progress import Progress
+from pactrain_hvd.example_support.torch_reporting import log_wire, tensorboard_writer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -212,7 +212,10 @@ def markdown_table(runs: list[dict], task: Task) -> str:
             delta = f"{100 * (metric - dense_metric):+.2f} pp"
         else:
             delta = f"{100 * (metric / dense_metric - 1):+.1f} %"
-        per_step = [r["final_bytes_per_step"] for r in group if r.get("final_bytes_per_step")]
+        # Where some seeds record the last step and some only an epoch's mean, the last step alone is the
+        # final masks' cost: the two do not average.
+        exact = [r for r in group if r.get("last_step_sent_bytes")]
+        per_step = [r["final_bytes_per_step"] for r in exact or group if r.get("final_bytes_per_step")]
         dense_per_step = mean([r["dense_bytes"] / r["steps"] for r in group])
         lines.append(
             f"| {sparsity:g} | {ranking} | {values} | {mean([r['sparsity'] for r in group]):.3f} | {metric:.4f} | "

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from pactrain_hvd.bench.micro_pack import median_seconds
-from pactrain_hvd.data import CharVocab, load_bible_text
+from pactrain_hvd.example_support.data import CharVocab, load_bible_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from pytorch_char_lm import CharGPT, next_token_loss  # noqa: E402

@@ -33,7 +33,7 @@ from pactrain_hvd.bench.links import LinkSpec, Loopback, Topology, delete_namesp
 from pactrain_hvd.bench.methods import parse_method
 from pactrain_hvd.bench.rendezvous import slot_env, slot_plan
 from pactrain_hvd.core.accounting import ring_allreduce_bytes
-from pactrain_hvd.progress import Progress
+from pactrain_hvd.example_support.progress import Progress
 
 PROBE_PORT = 5201
 SKIPPED = "skipped by --skip"

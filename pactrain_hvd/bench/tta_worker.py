@@ -40,7 +40,13 @@ from pactrain_hvd.bench import ddp_methods
 from pactrain_hvd.bench.methods import parse_method
 from pactrain_hvd.bench.timing import PhaseClock
 from pactrain_hvd.bench.worker import make_distributed_optimizer, nic_counters
-from pactrain_hvd.data import CharVocab, load_bible_text, load_fashion_mnist, random_windows, split_tokens
+from pactrain_hvd.example_support.data import (
+    CharVocab,
+    load_bible_text,
+    load_fashion_mnist,
+    random_windows,
+    split_tokens,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 GPT_SIZE = {"embed_dim": 320, "layers": 4, "heads": 4, "block_size": 128}  # scripts/accuracy.py's language task

@@ -51,3 +51,10 @@ def test_final_mask_bytes_prefer_the_last_step_over_the_last_epoch_mean():
     assert accuracy.final_mask_bytes_per_step({"history": history}) == 2_000
     assert accuracy.final_mask_bytes_per_step({"history": history, "last_step_sent_bytes": 1_500}) == 1_500.0
     assert accuracy.final_mask_bytes_per_step({"history": []}) is None
+
+
+def test_final_mask_column_uses_only_seeds_that_record_the_last_step():
+    epoch_mean = made_up(0.9, 1, 0.92)
+    last_step = dict(made_up(0.9, 2, 0.92), final_bytes_per_step=2e5, last_step_sent_bytes=2e5)
+    table = accuracy.markdown_table([epoch_mean, last_step], accuracy.TASKS["image"])
+    assert "| 4 | 200 | 2000 |" in table.splitlines()[-1]

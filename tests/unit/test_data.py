@@ -6,8 +6,8 @@ import struct
 import numpy as np
 import pytest
 
-from pactrain_hvd import data
-from pactrain_hvd.data import (
+from pactrain_hvd.example_support import data
+from pactrain_hvd.example_support.data import (
     CharVocab,
     DataNotFoundError,
     load_bible_text,

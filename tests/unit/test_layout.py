@@ -1,0 +1,36 @@
+"""The library's import graph: what only examples and benchmarks use stays out of it."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "pactrain_hvd"
+LIBRARY = ("core", "torch", "tensorflow")
+OUTSIDE = ("pactrain_hvd.example_support", "pactrain_hvd.bench")
+
+
+def imported_modules(path: Path) -> set[str]:
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules.add(node.module)
+            modules.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return modules
+
+
+@pytest.mark.parametrize("part", LIBRARY)
+def test_the_library_never_imports_example_support_or_the_benchmarks(part):
+    files = sorted((PACKAGE / part).rglob("*.py"))
+    assert files, f"no modules under pactrain_hvd/{part}"
+    for path in files:
+        leaks = {m for m in imported_modules(path) if m.startswith(OUTSIDE)}
+        assert not leaks, f"{path.relative_to(PACKAGE.parent)} imports {sorted(leaks)}"
+
+
+def test_the_check_sees_an_import_of_example_support(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from pactrain_hvd.example_support.data import load_fashion_mnist\nimport pactrain_hvd.bench\n")
+    assert imported_modules(module) >= {"pactrain_hvd.example_support.data", "pactrain_hvd.bench"}
