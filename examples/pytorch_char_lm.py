@@ -61,8 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="fp16 values on the wire (hvd.Compression.fp16)")
     parser.add_argument("--dense-embeddings", action="store_true",
                         help="prune only the decoder blocks: embeddings and output head stay dense")
-    parser.add_argument("--values", choices=("fp32", "fp16", "ternary"), default="fp32",
-                        help="how PacTrain sends packed (surviving) values; fp32 leaves them to --fp16")
+    parser.add_argument("--packed-values", choices=("inherit", "fp16", "ternary"), default="inherit",
+                        help="how PacTrain sends packed (surviving) values; inherit leaves them to --fp16")
     parser.add_argument("--sparsity", type=float, default=0.9, help="final PacTrain sparsity; 0 is plain Horovod")
     parser.add_argument("--ranking", choices=RANKINGS, default=DEFAULT_RANKING,
                         help="how sparsity is spread: per tensor, Erdős-Rényi-Kernel shares, or one global threshold")
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> dict:
     optimizer = pt.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), compression=compression,
                                         sparsity=args.sparsity, total_steps=total_steps, begin_step=args.prune_begin,
                                         end_step=args.prune_end, frequency=args.prune_frequency,
-                                        values=args.values, ranking=args.ranking, prunable=["blocks.*"] if args.dense_embeddings else None)
+                                        packed_values=args.packed_values, ranking=args.ranking, prunable=["blocks.*"] if args.dense_embeddings else None)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     schedule = optimizer.config.schedule
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> dict:
     if hvd.rank() == 0:
         print(f"char LM on {hvd.size()} workers: {len(text)} characters, vocabulary {vocab.size}, "
               f"{parameters} parameters, {total_steps} steps, sparsity {args.sparsity} "
-              f"(prune steps {begin}..{end} every {frequency}), fp16 {args.fp16}, values {args.values}, "
+              f"(prune steps {begin}..{end} every {frequency}), fp16 {args.fp16}, packed values {args.packed_values}, "
               f"lr {args.lr} warm-up {warmup} steps, clip {args.clip_norm}", flush=True)
     state = {"step": 0, "tally": WireTally(), "scheduler": scheduler, "device": device,
              "rng": np.random.default_rng([args.seed, hvd.rank()])}
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> dict:
     last = history[-1] if history else {}
     final = optimizer.stats()  # the last step's: final masks, as the schedule ends early
     result = dict(
-        example="char_lm", world_size=hvd.size(), sparsity_target=args.sparsity, fp16=args.fp16, values=args.values,
+        example="char_lm", world_size=hvd.size(), sparsity_target=args.sparsity, fp16=args.fp16, packed_values=args.packed_values,
         dense_embeddings=args.dense_embeddings,
         epochs=len(history), batch_size=args.batch_size, block_size=args.block_size, seed=args.seed,
         lr=args.lr, warmup_steps=warmup, clip_norm=args.clip_norm,

@@ -50,8 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=42, help="random seed")
     parser.add_argument("--fp16", "--fp16-allreduce", dest="fp16", action="store_true",
                         help="fp16 values on the wire (hvd.Compression.fp16)")
-    parser.add_argument("--values", choices=("fp32", "fp16", "ternary"), default="fp32",
-                        help="how PacTrain sends packed (surviving) values; fp32 leaves them to --fp16")
+    parser.add_argument("--packed-values", choices=("inherit", "fp16", "ternary"), default="inherit",
+                        help="how PacTrain sends packed (surviving) values; inherit leaves them to --fp16")
     parser.add_argument("--sparsity", type=float, default=0.9, help="final PacTrain sparsity; 0 is plain Horovod")
     parser.add_argument("--ranking", choices=RANKINGS, default=DEFAULT_RANKING,
                         help="how sparsity is spread: per tensor, Erdős-Rényi-Kernel shares, or one global threshold")
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
     optimizer = pt.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), compression=compression,
                                         sparsity=args.sparsity, total_steps=total_steps, begin_step=args.prune_begin,
                                         end_step=args.prune_end, frequency=args.prune_frequency,
-                                        values=args.values, ranking=args.ranking)
+                                        packed_values=args.packed_values, ranking=args.ranking)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     schedule = optimizer.config.schedule
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> dict:
     if hvd.rank() == 0:
         print(f"Fashion-MNIST on {hvd.size()} workers: {parameters} parameters, "
               f"{total_steps} steps, sparsity {args.sparsity} (prune steps {begin}..{end} every {frequency}), "
-              f"fp16 {args.fp16}, values {args.values}", flush=True)
+              f"fp16 {args.fp16}, packed values {args.packed_values}", flush=True)
     scheduler = (torch.optim.lr_scheduler.CosineAnnealingLR(optimizer.optimizer, T_max=max(total_steps, 1))
                  if args.lr_schedule == "cosine" else None)
     state = {"step": 0, "tally": WireTally(), "device": device, "scheduler": scheduler}
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     last = history[-1] if history else {}
     result = dict(
-        example="fashion_mnist", world_size=hvd.size(), sparsity_target=args.sparsity, fp16=args.fp16, values=args.values, lr_schedule=args.lr_schedule,
+        example="fashion_mnist", world_size=hvd.size(), sparsity_target=args.sparsity, fp16=args.fp16, packed_values=args.packed_values, lr_schedule=args.lr_schedule,
         epochs=len(history), batch_size=args.batch_size, seed=args.seed, prune_schedule=[begin, end, frequency], ranking=args.ranking, parameters=parameters,
         sparsity=optimizer.stats()["sparsity"], test_accuracy=last.get("test_accuracy"),
         test_loss=last.get("test_loss"),

@@ -40,6 +40,9 @@ from pathlib import Path
 from pactrain_hvd.core.masks import DEFAULT_RANKING, RANKINGS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# The report's value labels say what travels (its runs leave compression off unless --fp16); the
+# examples take the library's packed_values, where "inherit" (as compression says) is fp32 here.
+PACKED_VALUES_FLAG = {"fp32": "inherit"}
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lm-val-batches", type=int, default=20, help="language-model validation batches per worker")
     parser.add_argument("--fp16", action="store_true", help="fp16 values on the wire in every run")
     parser.add_argument("--values", nargs="+", choices=("fp32", "fp16", "ternary"), default=["fp32"],
-                        help="PacTrain packed-value encodings to compare (the examples' --values)")
+                        help="PacTrain packed-value encodings to compare (the examples' --packed-values; fp32: inherit)")
     parser.add_argument("--rankings", nargs="+", choices=RANKINGS, default=[DEFAULT_RANKING],
                         help="how sparsity is spread over tensors (the examples' --ranking)")
     parser.add_argument("--out", default=str(REPO_ROOT / "reports" / "accuracy"), help="report folder")
@@ -111,7 +114,7 @@ def horovodrun() -> str:
 
 def example_args(run: Run, args: argparse.Namespace, result_json: Path) -> list[str]:
     """The example's flags: identical for every run of a task except sparsity, values, ranking and seed."""
-    flags = [*run.task.model_args, "--sparsity", str(run.sparsity), "--values", run.values, "--ranking", run.ranking,
+    flags = [*run.task.model_args, "--sparsity", str(run.sparsity), "--packed-values", PACKED_VALUES_FLAG.get(run.values, run.values), "--ranking", run.ranking,
              "--seed", str(run.seed), "--result-json", str(result_json), "--logdir="]
     if args.fp16:
         flags.append("--fp16")

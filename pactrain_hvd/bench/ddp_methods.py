@@ -82,11 +82,11 @@ def wrap(spec: MethodSpec, model: torch.nn.Module, optimizer: torch.optim.Optimi
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         return ddp, None
     if spec.kind == "pactrain":
-        values = "ternary" if spec.ternary_values else "fp16" if spec.fp16_values else "fp32"
+        values = "ternary" if spec.ternary_values else "fp16" if spec.fp16_values else "inherit"
         state = pt.ddp.PacTrainHookState(ddp, optimizer, sparsity=spec.sparsity, packed_values=values,
                                          **pruning_schedule(spec, total_steps))
         # fp16 and ternary: dense buckets in fp16 too, as the Horovod methods' Compression.fp16 sends dense tensors
-        hook = pt.ddp.pactrain_hook if values == "fp32" else default_hooks.fp16_compress_wrapper(pt.ddp.pactrain_hook)
+        hook = pt.ddp.pactrain_hook if values == "inherit" else default_hooks.fp16_compress_wrapper(pt.ddp.pactrain_hook)
         ddp.register_comm_hook(state, hook)
         return ddp, state
     raise ValueError(f"no DDP method of kind {spec.kind!r}")

@@ -2,7 +2,7 @@
 
 ``dense``, ``fp16``, ``topk`` (``topk-0.001``: density), ``powersgd`` (``powersgd-r8``: rank),
 ``pactrain-0.9`` (fp32 values), ``pactrain-0.9-fp16``, ``pactrain-0.9-ternary`` (shared-scale ternary
-codes in int32 lanes, ``values="ternary"``). A PacTrain name may end in a pruning window as fractions of
+codes in int32 lanes, ``packed_values="ternary"``). A PacTrain name may end in a pruning window as fractions of
 the run (``pactrain-0.9-fp16-w0-0.3``: from step 0 to 30 % of ``total_steps``); without one the
 product's default window applies. ``ddp``-prefixed names are the same methods on torch
 DistributedDataParallel with its comm hooks (``bench/ddp_methods.py``): ``ddp`` (DDP's own all-reduce),

@@ -4,7 +4,15 @@ from pactrain_hvd.core.accounting import StepStats, TensorStats, ring_allreduce_
 from pactrain_hvd.core.config import PacTrainConfig
 from pactrain_hvd.core.errors import CheckpointError, MaskMismatchError, WorldSizeChangedWarning
 from pactrain_hvd.core.fingerprint import check_fingerprints, describe_mismatches, fingerprint_table, mask_fingerprint
-from pactrain_hvd.core.masks import erk_sparsities, magnitude_masks, num_to_keep, prunable_predicate, validate_mask
+from pactrain_hvd.core.masks import (
+    erk_sparsities,
+    magnitude_masks,
+    num_to_keep,
+    overall_sparsity,
+    prunable_predicate,
+    validate_mask,
+    validate_masks,
+)
 from pactrain_hvd.core.plan import should_pack
 from pactrain_hvd.core.resume import check_saved_world_size, saved_by_this_rank, while_running
 from pactrain_hvd.core.schedule import PolynomialSchedule
@@ -27,8 +35,10 @@ __all__ = [
     "magnitude_masks",
     "mask_fingerprint",
     "num_to_keep",
+    "overall_sparsity",
     "prunable_predicate",
     "ring_allreduce_bytes",
     "should_pack",
     "validate_mask",
+    "validate_masks",
 ]

@@ -108,6 +108,21 @@ def validate_mask(name: str, mask: np.ndarray, shape: tuple[int, ...]) -> np.nda
     return mask
 
 
+def validate_masks(masks: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]], kind: str) -> dict[str, np.ndarray]:
+    """Given masks checked against the prunable tensors' ``shapes`` (``kind``: "parameters" or
+    "variables", for the message); bool arrays back, nothing changed."""
+    unknown = sorted(set(masks) - set(shapes))
+    if unknown:
+        raise ValueError(f"masks given for {kind} that are not prunable here: {', '.join(unknown)}")
+    return {name: validate_mask(name, np.asarray(mask), tuple(shapes[name])) for name, mask in masks.items()}
+
+
+def overall_sparsity(numels: Mapping[str, int], kept: Mapping[str, int]) -> float:
+    """Fraction of pruned coordinates over the tensors of ``numels``; one missing from ``kept`` keeps all."""
+    total = sum(numels.values())
+    return 1.0 - sum(kept.get(name, numel) for name, numel in numels.items()) / total if total else 0.0
+
+
 def prunable_predicate(prunable: Callable[[str, Any], bool] | Iterable[str] | None,
                        default: Callable[[str, Any], bool]) -> Callable[[str, Any], bool]:
     """``prunable`` as a predicate ``(name, tensor) -> bool``: itself, glob patterns on names, or ``default``."""

@@ -50,9 +50,12 @@ from pactrain_hvd.core import (
 from pactrain_hvd.core.config import (
     DEFAULT_RANKING,
     DEFAULT_VERIFY_EVERY,
-    check_values,
+    check_packed_values,
+    packed_encoding,
+    packed_values_argument,
     reduce_op_name,
     require_initialized,
+    scale_factors,
 )
 from pactrain_hvd.core.lanes import ternary_layout
 from pactrain_hvd.core.own_masks import schedule_sparsity
@@ -87,7 +90,7 @@ def _validate_groups(groups: Any) -> None:
         raise ValueError("groups given as a list must be a list of lists of tf.Variable")
 
 
-def _checked_arguments(*, compression: Any, op: Any, gradient_predivide_factor: float, groups: Any, values: str,
+def _checked_arguments(*, compression: Any, op: Any, gradient_predivide_factor: float, groups: Any, packed_values: str,
                        process_set: Any, prunable: Prunable, sparsity: float, masks: Any, continue_pruning: bool,
                        begin_step: int | None, end_step: int | None, frequency: int | None,
                        total_steps: int | None, ranking: str, verify_every: int,
@@ -106,9 +109,9 @@ def _checked_arguments(*, compression: Any, op: Any, gradient_predivide_factor: 
                         f"got {compression!r}")
     op_name = reduce_op_name(hvd, op, gradient_predivide_factor)
     _validate_groups(groups)
-    check_values(values, op_name, groups is not None)
-    if values == "fp16" and groups is not None:
-        raise ValueError("values='fp16' cannot be combined with groups in the TensorFlow frontend: a pruned "
+    check_packed_values(packed_values_argument(packed_values), op_name, groups is not None)
+    if packed_values == "fp16" and groups is not None:
+        raise ValueError("packed_values='fp16' cannot be combined with groups in the TensorFlow frontend: a pruned "
                          "tensor's plan, hence its wire dtype, is chosen when the step runs; "
                          "compression=hvd.Compression.fp16 sends every tensor as fp16 and works with groups")
     if not isinstance(process_set, hvd.ProcessSet):
@@ -139,10 +142,11 @@ class PacTrainState(tf.train.experimental.PythonState):
     moments) are zeroed at newly pruned coordinates when masks change. ``masks``: bring your own
     mask, ``{variable name: bool mask}`` or a model wrapped by tfmot's ``prune_low_magnitude``;
     fixed (the schedule is off) unless ``continue_pruning=True`` (see ``core.own_masks``).
-    ``values``: how packed values travel, as in torch: ``"fp32"`` as ``compression`` says, ``"fp16"``,
-    or ``"ternary"`` (shared-scale stochastic ternary with error feedback in int32 lanes, fp16 beyond
-    256 ranks; op Average or Sum). Dense-plan and unpruned tensors travel as ``compression`` says.
-    Not combinable with ``groups``: a pruned tensor's plan, hence its wire, is chosen when the step runs.
+    ``packed_values``: how packed values travel, as in torch: ``"inherit"`` as ``compression`` says,
+    ``"fp16"``, or ``"ternary"`` (shared-scale stochastic ternary with error feedback in int32 lanes, fp16
+    beyond 256 ranks; op Average or Sum); ``values=`` is its deprecated old name. Dense-plan and unpruned
+    tensors travel as ``compression`` says. ``"fp16"`` and ``"ternary"`` are not combinable with ``groups``:
+    a pruned tensor's plan, hence its wire, is chosen when the step runs.
 
     The state binds to the variables of its first ``reduce`` call (more may join later). It is a
     checkpointable object: put it in a ``tf.train.Checkpoint`` to save masks and schedule
@@ -184,8 +188,10 @@ class PacTrainState(tf.train.experimental.PythonState):
         optimizer: Any = None,
         masks: dict[str, Any] | Any = None,
         continue_pruning: bool = False,
-        values: str = "fp32",
+        packed_values: str = "inherit",
+        values: str | None = None,
     ) -> None:
+        packed_values, values = packed_values_argument(packed_values, values), None
         arguments = {name: value for name, value in locals().items() if name not in ("self", "__class__")}
         self.config, self._own_masks = _checked_arguments(**arguments)
         self._tfmot_masks: dict[str, tf.Variable] = {}
@@ -200,12 +206,12 @@ class PacTrainState(tf.train.experimental.PythonState):
         self.scale_local_gradients = bool(scale_local_gradients)
         self.prunable = prunable
         self.optimizer = optimizer
-        self.values = values
-        ternary = values == "ternary" and process_set.included()  # a rank outside the set never reduces
-        layout = ternary_layout(process_set.size()) if ternary else None
-        self._ternary = TernaryReduction(process_set) if layout is not None else None
-        self._encoding = "fp16" if ternary and layout is None else values  # too many ranks for ternary lanes
-        self._packed_compression = Compression.fp16 if values in ("fp16", "ternary") else compression
+        self.packed_values = packed_values
+        layout = ternary_layout(process_set.size()) if packed_values == "ternary" else None
+        # A rank outside the process set never reduces.
+        self._ternary = TernaryReduction(process_set) if layout is not None and process_set.included() else None
+        self._encoding = packed_encoding(packed_values, layout is not None)
+        self._packed_compression = Compression.fp16 if packed_values in ("fp16", "ternary") else compression
 
         self._names: list[str] = []
         self._positions: dict[Any, int] = {}
@@ -241,7 +247,7 @@ class PacTrainState(tf.train.experimental.PythonState):
         """The last step's wire bytes (sent and dense-equivalent), bits per packed value, per-tensor density and plan.
 
         ``values`` says how packed values travelled: ``"ternary"``, or ``"fp16"`` when ternary fell
-        back (too many ranks for 3 lanes per word), else as the ``values`` argument.
+        back (too many ranks for 3 lanes per word), else as the ``packed_values`` argument.
         """
         sent = self._sent_bytes.numpy()
         tensors = {}
@@ -498,7 +504,7 @@ class PacTrainState(tf.train.experimental.PythonState):
             dense.append((index, grad, compressor))
         plain, by_plan = [], []
         for item in dense:
-            (by_plan if self.values != "fp32" and isinstance(item[2], PacTrainCompressor) else plain).append(item)
+            (by_plan if self.packed_values != "inherit" and isinstance(item[2], PacTrainCompressor) else plain).append(item)
         with tf.device(self.device_dense):
             wires, contexts = [], []
             for index, grad, compressor in plain:
@@ -516,7 +522,7 @@ class PacTrainState(tf.train.experimental.PythonState):
         return reduced, sent
 
     def _reduce_by_plan(self, items: list[tuple[int, tf.Tensor, PacTrainCompressor]]) -> list[_Reduced]:
-        """``values`` fp16 or ternary: a pruned tensor's packed values travel another way than its dense
+        """``packed_values`` fp16 or ternary: a pruned tensor's packed values travel another way than its dense
         ones, and its plan is known only when the step runs, so each takes a ``tf.cond`` on its plan
         (every rank the same branch: the plans agree). Returns (reduced gradient, bytes sent) each."""
         results = []
@@ -547,15 +553,9 @@ class PacTrainState(tf.train.experimental.PythonState):
         """A Horovod name per tensor: ops in ``tf.cond`` branches are not uniquified by TF as ops of one graph are."""
         return f"pactrain_{kind}_" + re.sub("[^a-zA-Z0-9_]", "_", self._names[position])
 
-    def _scale_factors(self) -> tuple[float, float]:
-        if self.op == hvd.Average:
-            # Split the average like Horovod: the C++ side applies the extra 1/size.
-            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        return 1.0, 1.0
-
     def _reduce_arguments(self) -> dict[str, Any]:
-        prescale, postscale = self._scale_factors()
-        return dict(op=self.op, prescale_factor=prescale, postscale_factor=postscale, process_set=self.process_set)
+        return dict(op=self.op, process_set=self.process_set,
+                    **scale_factors(self.op == hvd.Average, self.gradient_predivide_factor))
 
     def _reduce_wires(self, wires: list[tf.Tensor], positions: list[int]) -> list[tf.Tensor]:
         if not wires:
@@ -603,7 +603,7 @@ class PacTrainState(tf.train.experimental.PythonState):
 
     # -- checkpoints (tf.train.Checkpoint calls these) --------------------------------------------
     def serialize(self) -> bytes:
-        """Schedule position and masks as an ``.npz`` blob; with ``values="ternary"`` also the held scales
+        """Schedule position and masks as an ``.npz`` blob; with ``packed_values="ternary"`` also the held scales
         (the same on every rank) and this rank's error memory and rounding-noise state (restored only on
         the same rank, as in torch).
 
@@ -795,7 +795,7 @@ class DistributedGradientTape:
     Takes every argument of ``hvd.DistributedGradientTape`` with the same defaults, plus the
     PacTrain arguments of ``PacTrainState`` (``sparsity=0.9``, ``begin_step``, ``end_step``,
     ``frequency``, ``prunable``, ``ranking``, ``pack_min_numel``, ``pack_max_density``,
-    ``verify_every``, ``optimizer``, ``values``). One ``gradient`` call is one step.
+    ``verify_every``, ``optimizer``, ``packed_values``). One ``gradient`` call is one step.
 
     The schedule and masks outlive the tape: Horovod's idiom, a tape wrapped on every step or in
     a ``tf.function`` (traced again for a new batch shape), keeps one ``PacTrainState`` per tuple
@@ -842,6 +842,9 @@ class DistributedGradientTape:
                             gradient_predivide_factor=gradient_predivide_factor, groups=groups,
                             process_set=process_set, device_dense=device_dense, device_sparse=device_sparse,
                             scale_local_gradients=scale_local_gradients)
+        if "values" in pactrain:  # the deprecated spelling: read once here, not at every trace's state lookup
+            given = pactrain.pop("packed_values", "inherit")
+            pactrain["packed_values"] = packed_values_argument(given, pactrain.pop("values"))
         self._arguments: dict[str, Any] | None = None
         if state is None:
             self._arguments = _state_arguments(**horovod_args, **pactrain)  # the state itself: at gradient()

@@ -16,8 +16,9 @@ from pactrain_hvd.core import (
     fingerprint_table,
     magnitude_masks,
     mask_fingerprint,
+    overall_sparsity,
     prunable_predicate,
-    validate_mask,
+    validate_masks,
 )
 
 Prunable = Callable[[str, tf.Variable], bool] | Iterable[str] | None
@@ -158,11 +159,7 @@ class Pruner:
 
     def validate(self, masks: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Check names, shapes and dtypes of externally supplied masks; nothing is changed."""
-        unknown = sorted(set(masks) - set(self.prunable_names))
-        if unknown:
-            raise ValueError(f"masks given for variables that are not prunable here: {', '.join(unknown)}")
-        return {name: validate_mask(name, np.asarray(mask), tuple(self.variables[name].shape))
-                for name, mask in masks.items()}
+        return validate_masks(masks, {n: tuple(self.variables[n].shape) for n in self.prunable_names}, "variables")
 
     def install(self, masks: Mapping[str, np.ndarray]) -> None:
         """Replace all masks with validated host masks (the variables are zeroed by the caller)."""
@@ -190,7 +187,5 @@ class Pruner:
 
     def sparsity(self) -> float:
         """Fraction of pruned coordinates over all prunable tensors."""
-        total = sum(self.variables[name].shape.num_elements() for name in self.prunable_names)
-        kept = sum(int(self.masks[n].sum()) if n in self.masks else self.variables[n].shape.num_elements()
-                   for n in self.prunable_names)
-        return 1.0 - kept / total if total else 0.0
+        return overall_sparsity({name: self.variables[name].shape.num_elements() for name in self.prunable_names},
+                                {name: int(mask.sum()) for name, mask in self.masks.items()})

@@ -35,14 +35,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from pactrain_hvd.core import CheckpointError, PacTrainConfig, StepStats, TensorStats, should_pack
-from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY
+from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY, packed_values_argument
 from pactrain_hvd.core.lanes import LaneLayout, ternary_layout
 from pactrain_hvd.torch.compression import fills_storage, storage_view
 from pactrain_hvd.torch.lanes import decode, encode, stochastic_ternary
 from pactrain_hvd.torch.pruning import Prunable, Pruner, TableExchange, host_masks, select_prunable, zero_stays_zero
 from pactrain_hvd.torch.ternary import ErrorFeedback
 
-PACKED_VALUES = ("fp32", "fp16", "ternary")
 _NOISE_SEED = 0xDD9  # ternary rounding noise: drawn per (rank, step, parameter), see _rounding_noise
 
 
@@ -95,8 +94,8 @@ class PacTrainHookState:
     Takes the PacTrain arguments of ``pt.DistributedOptimizer`` (``sparsity``, ``begin_step``,
     ``end_step``, ``frequency``, ``total_steps``, ``prunable``, ``ranking``, ``pack_min_numel``, ``pack_max_density``,
     ``verify_every``) plus ``process_group`` (DDP's; default: the world) and ``packed_values``:
-    how surviving values travel (dense buckets travel as DDP hands them): ``"fp32"`` (the bucket's dtype:
-    fp32, or fp16 under ``fp16_compress_wrapper``), ``"fp16"``, or
+    how surviving values travel (dense buckets travel as DDP hands them): ``"inherit"`` (the bucket's dtype:
+    fp32, or fp16 under ``fp16_compress_wrapper``; ``"fp32"`` is its deprecated name), ``"fp16"``, or
     ``"ternary"``, the Horovod frontend's shared-scale stochastic ternary with error feedback in int32
     lanes (one MAX all-reduce of the bucket's scale, then the codes; fp16 where lanes do not pay).
     """
@@ -116,14 +115,13 @@ class PacTrainHookState:
         pack_max_density: float | None = None,
         verify_every: int = DEFAULT_VERIFY_EVERY,
         process_group: dist.ProcessGroup | None = None,
-        packed_values: str = "fp32",
+        packed_values: str = "inherit",
     ) -> None:
         self.config = PacTrainConfig.from_arguments(
             sparsity=sparsity, begin_step=begin_step, end_step=end_step, frequency=frequency,
             total_steps=total_steps, ranking=ranking,
             verify_every=verify_every, pack_min_numel=pack_min_numel, pack_max_density=pack_max_density)
-        if packed_values not in PACKED_VALUES:
-            raise ValueError(f"packed_values must be one of {', '.join(map(repr, PACKED_VALUES))}, got {packed_values!r}")
+        packed_values = packed_values_argument(packed_values)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         module = model.module if isinstance(model, DistributedDataParallel) else model
@@ -138,7 +136,7 @@ class PacTrainHookState:
         self.optimizer = optimizer
         world_size = dist.get_world_size(process_group)
         self.lanes: LaneLayout | None = ternary_layout(world_size) if packed_values == "ternary" else None
-        self.packed_dtype = None if packed_values == "fp32" else torch.float16  # None: the bucket's; fp16: ternary's fallback
+        self.packed_dtype = None if packed_values == "inherit" else torch.float16  # None: the bucket's; fp16: ternary's fallback
         # Per parameter, not per bucket: DDP rebuilds its buckets after the first iteration (and a resumed
         # run starts from the first buckets again), so only per-parameter memory and noise resume exactly.
         self.memory = ErrorFeedback()

@@ -37,9 +37,12 @@ from pactrain_hvd.core import (
 from pactrain_hvd.core.config import (
     DEFAULT_RANKING,
     DEFAULT_VERIFY_EVERY,
-    check_values,
+    check_packed_values,
+    packed_encoding,
+    packed_values_argument,
     reduce_op_name,
     require_initialized,
+    scale_factors,
 )
 from pactrain_hvd.core.lanes import SCALE_BYTES, ternary_layout
 from pactrain_hvd.core.own_masks import schedule_sparsity
@@ -116,11 +119,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
     - ``pack_min_numel``, ``pack_max_density``: the adaptive plan (pack only where it pays).
     - ``verify_every``: also prove masks agree every N steps, before that step's first
       all-reduce (0: only after mask changes).
-    - ``values``: how packed (surviving) values travel; dense and unpruned tensors always travel
-      as ``compression`` says. ``"fp32"``: as ``compression`` says (``hvd.Compression.fp16``
+    - ``packed_values``: how packed (surviving) values travel; dense and unpruned tensors always
+      travel as ``compression`` says. ``"inherit"``: as ``compression`` says (``hvd.Compression.fp16``
       makes them fp16); ``"fp16"``: fp16; ``"ternary"``: shared-scale stochastic ternary with
       error feedback, lane-packed into int32 words (``pactrain_hvd.core.lanes``), fp16 when the
       world is too large for 3 lanes per word (> 256 ranks). Ternary needs ``op`` Average or Sum.
+      ``values=`` is its old, deprecated name (``"fp32"`` there is ``"inherit"``).
     - ``masks``: bring your own mask: ``{name: bool mask}``, or the model pruned with
       ``torch.nn.utils.prune`` (its ``<name>_mask`` buffers become the masks of ``<name>_orig``).
       Fixed: the schedule is off unless ``continue_pruning=True`` (see ``core.own_masks``).
@@ -156,9 +160,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         pack_min_numel: int | None = None,
         pack_max_density: float | None = None,
         verify_every: int = DEFAULT_VERIFY_EVERY,
-        values: str = "fp32",
+        packed_values: str = "inherit",
         masks: dict[str, Any] | torch.nn.Module | None = None,
         continue_pruning: bool = False,
+        values: str | None = None,
     ) -> None:
         # Everything is validated before the first collective call.
         if (not isinstance(optimizer, torch.optim.Optimizer) or isinstance(optimizer, DistributedOptimizer)
@@ -179,7 +184,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         op_name = reduce_op_name(hvd, op, gradient_predivide_factor)
         if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
             raise ValueError("groups should be a positive integer or a list of lists of torch.Tensor")
-        check_values(values, op_name, groups is not None)
+        packed_values = packed_values_argument(packed_values, values)
+        check_packed_values(packed_values, op_name, groups is not None)
         require_initialized(hvd, "pactrain_hvd.torch.DistributedOptimizer")
         self._optimizer = optimizer
         self._parameters = parameters
@@ -208,10 +214,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._zero_stays_zero = zero_stays_zero(optimizer)
         self._weights_unmasked = False  # masks changed without zeroing the weights (adopted mid-backward)
         self._stats = StepStats()
-        self.values = values
-        layout = ternary_layout(process_set.size()) if values == "ternary" else None
+        self.packed_values = packed_values
+        layout = ternary_layout(process_set.size()) if packed_values == "ternary" else None
         self._ternary = TernaryReduction(layout, process_set) if layout is not None else None
-        self._packed_compression = Compression.fp16 if values in ("fp16", "ternary") else compression
+        self._packed_compression = Compression.fp16 if packed_values in ("fp16", "ternary") else compression
         self._warned_sparse: set[torch.Tensor] = set()
         self._compressors: dict[torch.Tensor, PacTrainCompressor] = {}
         self._rebuild_plan()
@@ -304,9 +310,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """The last step's wire bytes (sent and dense-equivalent), bits per packed value, per-tensor density and plan.
 
         ``values`` says how packed values travelled: ``"ternary"``, or ``"fp16"`` when ternary fell
-        back (too many ranks for 3 lanes per word), else as the ``values`` argument.
+        back (too many ranks for 3 lanes per word), else as the ``packed_values`` argument.
         """
-        encoding = "ternary" if self._ternary is not None else ("fp16" if self.values == "ternary" else self.values)
+        encoding = packed_encoding(self.packed_values, self._ternary is not None)
         return dict(self._stats.as_dict(), sparsity=self._pruner.sparsity(), values=encoding)
 
     def set_masks(self, masks: dict[str, Any]) -> None:
@@ -476,8 +482,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return
         layout = ternary_layout(size)
         if layout is None:
-            raise RuntimeError(f"values='ternary': the world size changed to {size}, where lanes no longer pay; "
-                               "recreate the optimizer with values='fp16'")
+            raise RuntimeError(f"packed_values='ternary': the world size changed to {size}, where lanes no longer "
+                               "pay; recreate the optimizer with packed_values='fp16'")
         self._ternary.layout = layout
         for compressor in self._compressors.values():
             if compressor.lanes is not None:
@@ -492,10 +498,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return send, None
 
     def _scale_factors(self) -> dict[str, float]:
-        """Split the average like Horovod: the C++ side applies the extra 1/size."""
-        if self.op != hvd.Average:
-            return {"prescale_factor": 1.0, "postscale_factor": 1.0}
-        return {"prescale_factor": 1.0 / self.gradient_predivide_factor, "postscale_factor": self.gradient_predivide_factor}
+        return scale_factors(self.op == hvd.Average, self.gradient_predivide_factor)
 
     def _allreduce_grad_async(self, p: torch.Tensor) -> tuple[Any, Any]:
         if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense and self._compressors[p].mask is None:
@@ -642,7 +645,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The wrapped optimizer's state dict plus ``"pactrain"``: schedule position and masks, and
-        with ``values="ternary"`` this rank's error memory and rounding noise (``"ternary"``) and the
+        with ``packed_values="ternary"`` this rank's error memory and rounding noise (``"ternary"``) and the
         held scales, the same on every rank (``"ternary_scales"``, also ``"pactrain.scales"`` in the first
         parameter's entry, so that Horovod's broadcast carries them).
 

@@ -16,8 +16,9 @@ from pactrain_hvd.core import (
     fingerprint_table,
     magnitude_masks,
     mask_fingerprint,
+    overall_sparsity,
     prunable_predicate,
-    validate_mask,
+    validate_masks,
 )
 
 Prunable = Callable[[str, torch.Tensor], bool] | Iterable[str] | None
@@ -94,10 +95,7 @@ class Pruner:
 
     def validate(self, masks: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Check names, shapes and dtypes of externally supplied masks; nothing is changed."""
-        unknown = sorted(set(masks) - set(self.prunable_names))
-        if unknown:
-            raise ValueError(f"masks given for parameters that are not prunable here: {', '.join(unknown)}")
-        return {name: validate_mask(name, np.asarray(m), tuple(self.parameters[name].shape)) for name, m in masks.items()}
+        return validate_masks(masks, {n: tuple(self.parameters[n].shape) for n in self.prunable_names}, "parameters")
 
     def install(self, masks: Mapping[str, np.ndarray], zero_weights: bool = True) -> None:
         """Replace all masks with validated host masks (local only); a mask that keeps everything is no mask.
@@ -162,9 +160,8 @@ class Pruner:
 
     def sparsity(self) -> float:
         """Fraction of pruned coordinates over all prunable tensors."""
-        total = sum(self.parameters[name].numel() for name in self.prunable_names)
-        kept = sum(int(self.masks[n].sum()) if n in self.masks else self.parameters[n].numel() for n in self.prunable_names)
-        return 1.0 - kept / total if total else 0.0
+        return overall_sparsity({name: self.parameters[name].numel() for name in self.prunable_names},
+                                {name: int(mask.sum()) for name, mask in self.masks.items()})
 
 
 # Optimizers whose update leaves a coordinate at exactly 0 when its weight, gradient and state are 0 (every

@@ -193,8 +193,8 @@ def scenario_fp16_values():
 
 def scenario_fp16_wrapper_sends_dense_buckets_in_fp16():
     """Under torch's ``fp16_compress_wrapper`` (the fp16 of DDP's dense path) a dense-plan bucket travels as fp16
-    too, with its pruned coordinates zeroed, and packed ``"fp32"`` values keep the bucket's fp16: 2 bytes for every
-    value sent, against the fp32 gradients' 4."""
+    too, with its pruned coordinates zeroed, and packed ``"inherit"`` values (the default) keep the bucket's fp16:
+    2 bytes for every value sent, against the fp32 gradients' 4."""
     state, _ = fp16_run(fp16_compress_wrapper(pt.ddp.pactrain_hook),
                         pack_min_numel=20000)  # fc1's bucket packs, the smaller ones stay dense
     buckets = list(state.stats()["tensors"].values())

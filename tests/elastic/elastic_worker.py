@@ -20,7 +20,7 @@ model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.L
                             torch.nn.Linear(64, 4))
 opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3),
                               named_parameters=model.named_parameters(), sparsity=0.9, ranking="layer", begin_step=2, end_step=20,
-                              frequency=3, pack_min_numel=0, values=args.values)
+                              frequency=3, pack_min_numel=0, packed_values=args.packed_values)
 
 
 def masks() -> dict:

@@ -23,7 +23,7 @@ keras.utils.set_random_seed(0)
 model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"),
                           keras.layers.Dense(64, activation="relu"), keras.layers.Dense(4)])
 opt = ptk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9, weight_decay=1e-3), sparsity=0.9, ranking="layer",
-                               begin_step=2, end_step=20, frequency=3, pack_min_numel=0, values=args.values)
+                               begin_step=2, end_step=20, frequency=3, pack_min_numel=0, packed_values=args.packed_values)
 loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 

@@ -23,7 +23,7 @@ import pytest
 
 WORKERS = {  # case: (worker script, extra environment, extra arguments)
     "torch": ("elastic_worker.py", {}, []),
-    "torch-ternary": ("elastic_worker.py", {}, ["--values", "ternary"]),
+    "torch-ternary": ("elastic_worker.py", {}, ["--packed-values", "ternary"]),
     "keras3": ("keras_elastic_worker.py", {}, []),
     "tf-keras2": ("keras_elastic_worker.py", {"TF_USE_LEGACY_KERAS": "1"}, []),
 }

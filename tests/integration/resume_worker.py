@@ -15,7 +15,7 @@ parser.add_argument("--checkpoint", required=True)
 parser.add_argument("--resume", action="store_true")
 parser.add_argument("--die-after-checkpoint", action="store_true")
 parser.add_argument("--result", required=True)
-parser.add_argument("--values", default="fp32")
+parser.add_argument("--packed-values", default="inherit")
 args = parser.parse_args()
 
 hvd.init()
@@ -23,9 +23,9 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
 opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3),
                               named_parameters=model.named_parameters(), sparsity=0.9, ranking="layer", begin_step=2, end_step=12,
-                              frequency=3, pack_min_numel=0, values=args.values)
+                              frequency=3, pack_min_numel=0, packed_values=args.packed_values)
 # Ternary error memory and rounding noise belong to each rank: every rank keeps its own file.
-per_rank = args.values == "ternary"
+per_rank = args.packed_values == "ternary"
 checkpoint = f"{args.checkpoint}.rank{hvd.rank()}" if per_rank else args.checkpoint
 start = 0
 if args.resume:  # the usual Horovod pattern: rank 0 reads (or every rank its own), everyone receives

@@ -18,18 +18,18 @@ def horovodrun(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(not HOROVODRUN.exists(), reason="horovodrun is not installed beside this Python")
-@pytest.mark.parametrize("values", ["fp32", "ternary"])
+@pytest.mark.parametrize("values", ["inherit", "ternary"])
 def test_resume_after_kill_is_bitwise_an_uninterrupted_run(tmp_path, values):
     checkpoint, resumed, uninterrupted = tmp_path / "ckpt.pt", tmp_path / "resumed.pt", tmp_path / "straight.pt"
     killed = horovodrun("--steps", "7", "--checkpoint", str(checkpoint), "--die-after-checkpoint",
-                        "--result", str(tmp_path / "unused.pt"), "--values", values)
+                        "--result", str(tmp_path / "unused.pt"), "--packed-values", values)
     assert killed.returncode != 0, "the first job was meant to die"
-    written = [checkpoint] if values == "fp32" else [tmp_path / f"ckpt.pt.rank{rank}" for rank in (0, 1)]
+    written = [checkpoint] if values == "inherit" else [tmp_path / f"ckpt.pt.rank{rank}" for rank in (0, 1)]
     assert all(path.exists() for path in written)
     for run in (horovodrun("--steps", "8", "--checkpoint", str(checkpoint), "--resume", "--result", str(resumed),
-                           "--values", values),
+                           "--packed-values", values),
                 horovodrun("--steps", "15", "--checkpoint", str(checkpoint), "--result", str(uninterrupted),
-                           "--values", values)):
+                           "--packed-values", values)):
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     a, b = torch.load(resumed), torch.load(uninterrupted)
     for name, tensor in b["model"].items():

@@ -19,7 +19,7 @@ def test_plan_runs_dense_once_per_seed_and_every_variant_per_seed():
                      "image-s0.9-erk-seed1", "image-s0.9-erk-seed2"]
     flags = accuracy.example_args(accuracy.planned_runs(args)[4], args, Path("r.json"))
     assert flags[:2] == ["--model", "vgg"] and flags[flags.index("--ranking") + 1] == "erk"
-    assert flags[flags.index("--seed") + 1] == "1"
+    assert flags[flags.index("--seed") + 1] == "1" and flags[flags.index("--packed-values") + 1] == "inherit"
 
 
 def made_up(sparsity, seed, metric, ranking="layer"):

@@ -10,7 +10,9 @@ from pactrain_hvd.core import (
     magnitude_masks,
     mask_fingerprint,
     num_to_keep,
+    overall_sparsity,
     validate_mask,
+    validate_masks,
 )
 
 
@@ -117,6 +119,21 @@ def test_validate_mask_names_tensor_and_problem():
         validate_mask("fc.weight", np.ones(3, dtype=np.float32), (3,))
     with pytest.raises(ValueError, match="all zeros"):
         validate_mask("fc.weight", np.zeros(3, dtype=bool), (3,))
+
+
+def test_validate_masks_refuses_names_not_prunable_and_checks_each_mask():
+    shapes = {"fc.weight": (3,), "conv.weight": (2, 2)}
+    with pytest.raises(ValueError, match="masks given for variables that are not prunable here: bias, fc.bias"):
+        validate_masks({"fc.bias": np.ones(3, bool), "bias": np.ones(1, bool)}, shapes, "variables")
+    with pytest.raises(ValueError, match=r"'conv.weight' has shape \(4,\)"):
+        validate_masks({"conv.weight": np.ones(4, bool)}, shapes, "parameters")
+    valid = validate_masks({"fc.weight": [True, False, True]}, shapes, "parameters")
+    assert valid["fc.weight"].dtype == np.bool_ and valid["fc.weight"].tolist() == [True, False, True]
+
+
+def test_overall_sparsity_counts_unmasked_tensors_as_kept():
+    assert overall_sparsity({"a": 100, "b": 300}, {"b": 30}) == pytest.approx(1 - 130 / 400)
+    assert overall_sparsity({}, {}) == 0.0
 
 
 def test_erk_prunes_large_tensors_more_and_hits_the_overall_target():

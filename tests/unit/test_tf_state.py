@@ -37,7 +37,7 @@ def small_model(api=keras):
     (dict(compression=object()), TypeError, "compression"),
     (dict(process_set="all"), TypeError, "process_set"),
     (dict(prunable="hidden*"), TypeError, "prunable"),
-    (dict(values="int8"), ValueError, "values must be one of 'fp32', 'fp16', 'ternary', got 'int8'"),
+    (dict(packed_values="int8"), ValueError, "packed_values must be one of 'inherit', 'fp16', 'ternary', got 'int8'"),
 ])
 def test_state_rejects_bad_arguments_before_communicating(kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -160,7 +160,7 @@ def test_single_process_state_masks_packs_and_checkpoints(monkeypatch):
         state.set_masks({"nope": np.ones(3, bool)})
 
 
-@pytest.mark.parametrize("values", ["fp32", "ternary"])
+@pytest.mark.parametrize("values", ["inherit", "ternary"])
 def test_one_process_communicates_nothing_and_still_prunes(values, monkeypatch):
     """Horovod reduces only with another rank (or under elastic): the local gradient, pruned, never quantised."""
     for collective in ("allreduce", "grouped_allreduce", "allgather", "broadcast_object"):
@@ -168,7 +168,7 @@ def test_one_process_communicates_nothing_and_still_prunes(values, monkeypatch):
     model = small_model()
     opt = keras.optimizers.SGD(0.1, momentum=0.9)
     state = pt.PacTrainState(sparsity=0.75, ranking="layer", begin_step=0, end_step=2, frequency=1, pack_min_numel=0, verify_every=1,
-                             values=values, optimizer=opt)
+                             packed_values=values, optimizer=opt)
     names = variable_names(model.trainable_variables)
 
     @tf.function(autograph=False)
@@ -193,3 +193,17 @@ def test_one_process_communicates_nothing_and_still_prunes(values, monkeypatch):
             assert int(masks[name].sum()) == num_to_keep(masks[name].size, 0.75)
             assert not variable.numpy()[~masks[name]].any()
     pt.broadcast_masks(state)  # nothing to broadcast to
+
+
+def test_values_is_the_deprecated_name_of_packed_values():
+    """As in torch: ``values=`` and its ``"fp32"`` keep working with a DeprecationWarning at the caller."""
+    for kwargs, packed in ((dict(values="fp32"), "inherit"), (dict(values="ternary"), "ternary"),
+                           (dict(packed_values="fp32"), "inherit")):
+        with pytest.warns(DeprecationWarning, match="deprecated") as caught:
+            state = pt.PacTrainState(**kwargs)
+        assert state.packed_values == packed and caught[0].filename == __file__
+    with pytest.warns(DeprecationWarning, match="values= is deprecated"):
+        opt = ptk.DistributedOptimizer(keras.optimizers.SGD(), values="fp16")
+    assert opt.pactrain_state.packed_values == "fp16"
+    with pytest.raises(ValueError, match="not both"):
+        pt.PacTrainState(packed_values="fp16", values="fp16")

@@ -96,11 +96,11 @@ def test_lr_scheduler_and_single_process_training():
 
 
 def test_one_process_communicates_nothing_and_still_prunes_like_horovod():
-    """Horovod all-reduces only when size() > 1 (or under elastic); values='ternary' quantises nothing alone."""
+    """Horovod all-reduces only when size() > 1 (or under elastic); packed_values='ternary' quantises nothing alone."""
     model, sgd = model_and_sgd()
     reference, reference_sgd = model_and_sgd()
     opt = pt.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), sparsity=0.5, ranking="layer", begin_step=0,
-                                  end_step=0, pack_min_numel=0, values="ternary")
+                                  end_step=0, pack_min_numel=0, packed_values="ternary")
     for step in range(3):
         inputs = torch.randn(8, 64, generator=torch.Generator().manual_seed(step))
         for net, optimizer in ((model, opt), (reference, reference_sgd)):
@@ -140,3 +140,17 @@ def test_duplicate_names_are_refused_before_horovod_is_needed():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert "duplicates: w" in result.stdout, result.stderr[-2000:]
+
+
+def test_values_is_the_deprecated_name_of_packed_values():
+    """``values=`` and its ``"fp32"`` (which always meant "as compression says") keep working, with a
+    DeprecationWarning that points at the caller; the two spellings together are refused."""
+    for kwargs, packed in ((dict(values="fp32"), "inherit"), (dict(values="ternary"), "ternary"),
+                           (dict(packed_values="fp32"), "inherit")):
+        model, sgd = model_and_sgd()
+        with pytest.warns(DeprecationWarning, match="deprecated") as caught:
+            opt = pt.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), **kwargs)
+        assert opt.packed_values == packed and caught[0].filename == __file__
+    model, sgd = model_and_sgd()
+    with pytest.raises(ValueError, match="give packed_values= or the deprecated values=, not both"):
+        pt.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), packed_values="fp16", values="fp16")

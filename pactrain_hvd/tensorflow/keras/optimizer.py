@@ -6,8 +6,9 @@ it trains without averaging. Ours reduces where every path meets: ``apply`` unde
 (``apply_gradients`` and loss-scale wrappers call it), ``apply_gradients`` under tf-keras 2.
 
 The result is a subclass of the user's optimizer class (so ``isinstance``, ``get_config`` and
-saving behave as before) built with an ordinary class statement and zero-argument ``super()``:
-it can itself be subclassed, unlike a class generated from a copied ``__dict__``.
+saving behave as before) and of a mixin written as an ordinary class with zero-argument ``super()``,
+the two joined by ``type(name, bases, {})`` (see ``_distributed_class``): it can itself be
+subclassed, unlike a class generated from a copied ``__dict__``.
 """
 
 from __future__ import annotations
@@ -286,7 +287,8 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
     verify_every: int = DEFAULT_VERIFY_EVERY,
     masks: dict[str, Any] | Any = None,
     continue_pruning: bool = False,
-    values: str = "fp32",
+    packed_values: str = "inherit",
+    values: str | None = None,
 ) -> Any:
     """Drop-in replacement for ``horovod.tensorflow.keras.DistributedOptimizer`` that prunes and packs.
 
@@ -294,8 +296,8 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
     ``PacTrainState``): ``sparsity`` (``0`` behaves like Horovod's optimizer), ``begin_step``,
     ``end_step``, ``frequency``, ``total_steps``, ``prunable``, ``ranking``, ``pack_min_numel``,
     ``pack_max_density``, ``verify_every``, ``masks``, ``continue_pruning`` (bring your own mask:
-    a dict, or the model wrapped by tfmot's ``prune_low_magnitude``) and ``values`` (``"fp32"``,
-    ``"fp16"`` or ``"ternary"``: how packed values travel). Works with Keras 3 and tf-keras 2 optimizers, in
+    a dict, or the model wrapped by tfmot's ``prune_low_magnitude``) and ``packed_values``
+    (``"inherit"``, ``"fp16"`` or ``"ternary"``: how packed values travel; ``values`` is its deprecated name). Works with Keras 3 and tf-keras 2 optimizers, in
     ``model.fit`` and in custom loops (``optimizer.apply_gradients`` reduces: do not also wrap the
     tape). Like Horovod's, it is rebuilt from ``optimizer.get_config()``: wrap before training.
     ``backward_passes_per_step`` > 1: gradients are summed locally and reduced every that many calls
@@ -335,7 +337,8 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
         device_dense=device_dense, device_sparse=device_sparse, scale_local_gradients=scale_local_gradients,
         sparsity=sparsity, begin_step=begin_step, end_step=end_step, frequency=frequency, total_steps=total_steps, prunable=prunable,
         ranking=ranking, pack_min_numel=pack_min_numel, pack_max_density=pack_max_density, verify_every=verify_every,
-        masks=masks, continue_pruning=continue_pruning, values=values,
+        masks=masks, continue_pruning=continue_pruning,
+        packed_values=packed_values, values=values,
     )
     config = optimizer.get_config()
     if name is not None:

@@ -25,14 +25,14 @@ def loss_scale(optimizer) -> float:
 
 
 @pytest.mark.parametrize("values, passes, legacy", [
-    ("fp32", 1, False), ("ternary", 1, False), ("fp32", 2, False),
-    pytest.param("fp32", 1, True, marks=pytest.mark.skipif(not LEGACY_KERAS, reason="tf-keras 2 only")),
+    ("inherit", 1, False), ("ternary", 1, False), ("inherit", 2, False),
+    pytest.param("inherit", 1, True, marks=pytest.mark.skipif(not LEGACY_KERAS, reason="tf-keras 2 only")),
 ], ids=["fp32", "ternary", "backward-passes-2", "legacy-optimizer"])
 def test_a_step_that_overflows_on_one_rank_is_skipped_by_every_rank(values, passes, legacy, mixed_float16):
     keras.utils.set_random_seed(hvd.rank())  # apart: the callback broadcasts through the loss-scale optimizer
     model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(64), keras.layers.Dense(4)])
     sgd = (keras.optimizers.legacy.SGD if legacy else keras.optimizers.SGD)(0.01, momentum=0.9)
-    opt = ptk.DistributedOptimizer(sgd, sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0, values=values,
+    opt = ptk.DistributedOptimizer(sgd, sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0, packed_values=values,
                                    backward_passes_per_step=passes)
     model.compile(optimizer=opt, loss="mse")
     assert type(model.optimizer).__name__.startswith("LossScaleOptimizer") and model.optimizer.inner_optimizer is opt

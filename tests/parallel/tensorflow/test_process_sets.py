@@ -35,12 +35,12 @@ def forbid_collectives(patch: pytest.MonkeyPatch) -> None:
         patch.setattr(hvd, name, refuse)
 
 
-@pytest.mark.parametrize("sparsity, values", [(0.0, "fp32"), (0.5, "fp32"), (0.5, "ternary")])
+@pytest.mark.parametrize("sparsity, values", [(0.0, "inherit"), (0.5, "inherit"), (0.5, "ternary")])
 def test_tape_outside_or_alone_in_its_process_set_returns_local_gradients_pruned(sparsity, values, monkeypatch):
     model = make_model()
     opt = keras.optimizers.SGD(0.05, momentum=0.9)
     state = pt.PacTrainState(process_set=EVEN_RANKS, sparsity=sparsity, ranking="layer", begin_step=0, end_step=2, frequency=1,
-                             values=values, pack_min_numel=0, verify_every=1, optimizer=opt)
+                             packed_values=values, pack_min_numel=0, verify_every=1, optimizer=opt)
     sources = model.trainable_variables
     names = list(named(sources))
     with monkeypatch.context() as patch:

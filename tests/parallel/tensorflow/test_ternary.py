@@ -1,4 +1,4 @@
-"""values='ternary' and 'fp16' in the TF frontend: ternary codes at a held scale (the previous step's MAX over ranks)
+"""packed_values='ternary' and 'fp16' in the TF frontend: ternary codes at a held scale (the previous step's MAX over ranks)
 summed in int32 lanes by Horovod, with error feedback, inside tf.function across mask changes; fp16 packed values;
 Keras model.fit; bad arguments; checkpoints of the memory and the held scales."""
 
@@ -40,7 +40,7 @@ def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
     model = make_model()
     opt = keras.optimizers.SGD(0.05, momentum=0.9)
     # step 0 unmasked, 1 masked but dense (sparsity 0), 2 packed (new mask), 3 packed (mask changes again), 4 steady
-    state = pt.PacTrainState(op=op, values="ternary", sparsity=0.9, ranking="layer", begin_step=1, end_step=3, frequency=1,
+    state = pt.PacTrainState(op=op, packed_values="ternary", sparsity=0.9, ranking="layer", begin_step=1, end_step=3, frequency=1,
                              pack_min_numel=1000, optimizer=opt)
     step = tape_step(model, opt, state)
     variables = named(model.trainable_variables)
@@ -107,7 +107,7 @@ def test_fp16_values_pack_as_fp16_and_dense_tensors_as_compression_says():
     """Eagerly this time: the state runs its cached tf.function."""
     model = make_model()
     opt = keras.optimizers.SGD(0.05)
-    state = pt.PacTrainState(values="fp16", sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=1000, optimizer=opt)
+    state = pt.PacTrainState(packed_values="fp16", sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=1000, optimizer=opt)
     variables = named(model.trainable_variables)
     for number in range(3):
         x, y = batch(number)
@@ -142,7 +142,7 @@ def test_keras_fit_with_ternary_values_learns_and_keeps_ranks_identical():
     mask = rng.permutation(np.arange(256) < 128).reshape(64, 4)
     teacher = (rng.normal(size=(64, 4)) * mask).astype(np.float32)
     inputs = np.random.default_rng(100 + hvd.rank()).normal(size=(256, 64)).astype(np.float32)
-    opt = ptk.DistributedOptimizer(keras.optimizers.SGD(0.02, momentum=0.9), values="ternary", masks={name: mask},
+    opt = ptk.DistributedOptimizer(keras.optimizers.SGD(0.02, momentum=0.9), packed_values="ternary", masks={name: mask},
                                    pack_min_numel=0)
     model.compile(optimizer=opt, loss="mse")
     history = model.fit(inputs, inputs @ teacher, batch_size=32, epochs=15, shuffle=False, verbose=0,
@@ -157,11 +157,11 @@ def test_keras_fit_with_ternary_values_learns_and_keeps_ranks_identical():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(values="int8"), "values must be one of 'fp32', 'fp16', 'ternary', got 'int8'"),
-    (dict(values="ternary", op=hvd.Max), "values='ternary' sums integer codes: op must be hvd.Average or hvd.Sum, "
+    (dict(packed_values="int8"), "packed_values must be one of 'inherit', 'fp16', 'ternary', got 'int8'"),
+    (dict(packed_values="ternary", op=hvd.Max), "packed_values='ternary' sums integer codes: op must be hvd.Average or hvd.Sum, "
                                          "got Max"),
-    (dict(values="ternary", groups=2), "values='ternary' cannot be combined with groups"),
-    (dict(values="fp16", groups=2), "values='fp16' cannot be combined with groups in the TensorFlow frontend"),
+    (dict(packed_values="ternary", groups=2), "packed_values='ternary' cannot be combined with groups"),
+    (dict(packed_values="fp16", groups=2), "packed_values='fp16' cannot be combined with groups in the TensorFlow frontend"),
 ], ids=["unknown", "ternary-max", "ternary-groups", "fp16-groups"])
 def test_bad_values_arguments_are_refused_before_anything(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -178,7 +178,7 @@ def test_checkpoint_carries_this_ranks_error_memory_and_noise():
     everywhere); a misfit residual is refused."""
     model = make_model()
     opt = keras.optimizers.SGD(0.05, momentum=0.9)
-    state = pt.PacTrainState(values="ternary", sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=1000,
+    state = pt.PacTrainState(packed_values="ternary", sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=1000,
                              optimizer=opt)
     step = tape_step(model, opt, state)
     for number in range(3):
@@ -208,7 +208,7 @@ def test_checkpoint_carries_this_ranks_error_memory_and_noise():
     with pytest.raises(pt.CheckpointError, match="ternary residual of .* its packed values number"):
         state.deserialize(buffer.getvalue())
     entries = dict(entries, ternary_rank=np.int64(1 - hvd.rank()))  # another rank's memory: ignored
-    fresh = pt.PacTrainState(values="ternary", sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=1000)
+    fresh = pt.PacTrainState(packed_values="ternary", sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=1000)
     fresh.bind(model.trainable_variables)
     buffer = io.BytesIO()
     np.savez(buffer, **entries)

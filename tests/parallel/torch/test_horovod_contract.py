@@ -347,14 +347,14 @@ def test_grad_scaler_skipping_an_overflowed_step_keeps_every_rank_consistent():
 SYNCING = ("item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__")
 
 
-@pytest.mark.parametrize("values", ["fp32", "fp16"])
+@pytest.mark.parametrize("values", ["inherit", "fp16"])
 def test_steady_state_steps_make_no_host_syncs(values, monkeypatch):
     """Between mask changes and checks, nothing in pactrain_hvd reads a tensor back to the host (a
     device sync on a GPU): counted by wrapping every Tensor method that does, as called from our code."""
     model = make_model()
     opt = pt.DistributedOptimizer(OPTIMIZERS["sgd-momentum-wd"](model.parameters()),
                                   named_parameters=model.named_parameters(), sparsity=0.9, ranking="layer", begin_step=0, end_step=0,
-                                  verify_every=1000, values=values)
+                                  verify_every=1000, packed_values=values)
     horovod_start(model, opt)
     train(model, opt, 2)  # step 0 prunes, step 1 is the first check
     plan = {name: tensor["packed"] for name, tensor in opt.stats()["tensors"].items()}

@@ -1,4 +1,4 @@
-"""values='ternary': shared-scale ternary codes summed in int32 lanes by Horovod, with error feedback.
+"""packed_values='ternary': shared-scale ternary codes summed in int32 lanes by Horovod, with error feedback.
 
 The scale of a tensor's codes is the one every rank holds: the MAX over ranks of the previous step's
 values, so the codes leave from the gradient hook; a tensor without one waits for this step's MAX."""
@@ -31,7 +31,7 @@ def all_true(flag: bool, name: str) -> bool:
 def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
     size = hvd.size()
     model = make_model()
-    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, f"t{op}"), op=op, values="ternary",
+    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, f"t{op}"), op=op, packed_values="ternary",
                                   sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=1000)
     opt.zero_grad()
     loss_of(model, 0).backward()
@@ -100,7 +100,7 @@ def test_ternary_training_reduces_loss():
     targets = inputs @ teacher
     model = torch.nn.Linear(64, 4, bias=False)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    opt = pt.DistributedOptimizer(sgd(model, lr=0.02), named_parameters=[("w", model.weight)], values="ternary",
+    opt = pt.DistributedOptimizer(sgd(model, lr=0.02), named_parameters=[("w", model.weight)], packed_values="ternary",
                                   sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0)
     losses = []
     for _ in range(150):
@@ -116,9 +116,9 @@ def test_ternary_training_reduces_loss():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(values="int8"), "values must be one of"),
-    (dict(values="ternary", op=hvd.Max), "op must be hvd.Average or hvd.Sum"),
-    (dict(values="ternary", groups=2), "cannot be combined with groups"),
+    (dict(packed_values="int8"), "packed_values must be one of"),
+    (dict(packed_values="ternary", op=hvd.Max), "op must be hvd.Average or hvd.Sum"),
+    (dict(packed_values="ternary", groups=2), "cannot be combined with groups"),
 ])
 def test_bad_values_arguments_are_refused_before_anything(kwargs, message):
     model = make_model()
@@ -129,7 +129,7 @@ def test_bad_values_arguments_are_refused_before_anything(kwargs, message):
 def test_ternary_memory_round_trips_and_a_misfit_residual_changes_nothing():
     """Each rank's checkpoint carries its own error memory; a residual that does not fit its mask is refused."""
     model = make_model()
-    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "mem"), values="ternary", sparsity=0.5, ranking="layer",
+    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "mem"), packed_values="ternary", sparsity=0.5, ranking="layer",
                                   begin_step=0, end_step=0, pack_min_numel=0)
     for step in range(3):
         opt.zero_grad()
@@ -143,7 +143,7 @@ def test_ternary_memory_round_trips_and_a_misfit_residual_changes_nothing():
     assert all(r.numel() == int(opt.masks()[name].sum()) for name, r in residuals.items())
 
     model_b = make_model()
-    twin = pt.DistributedOptimizer(sgd(model_b), named_parameters=named(model_b, "mem"), values="ternary", sparsity=0.5, ranking="layer",
+    twin = pt.DistributedOptimizer(sgd(model_b), named_parameters=named(model_b, "mem"), packed_values="ternary", sparsity=0.5, ranking="layer",
                                    begin_step=0, end_step=0, pack_min_numel=0)
     first = sorted(residuals)[0]
     broken = {**saved, "pactrain": {**saved["pactrain"], "ternary": {
@@ -157,7 +157,7 @@ def test_ternary_memory_round_trips_and_a_misfit_residual_changes_nothing():
         assert torch.equal(twin._ternary.memory.residuals[name], residual), name
     other_rank = {**saved, "pactrain": {**saved["pactrain"], "ternary": {**saved["pactrain"]["ternary"], "rank": -1}}}
     model_c = make_model()
-    fresh = pt.DistributedOptimizer(sgd(model_c), named_parameters=named(model_c, "mem"), values="ternary",
+    fresh = pt.DistributedOptimizer(sgd(model_c), named_parameters=named(model_c, "mem"), packed_values="ternary",
                                     sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0)
     fresh.load_state_dict(other_rank)  # another rank's memory is not this rank's: start from none
     assert fresh.step_count == 3 and fresh._ternary.memory.residuals == {}
@@ -167,7 +167,7 @@ def test_an_overflow_on_one_rank_skips_the_step_everywhere_and_leaves_the_error_
     """torch AMP: GradScaler skips a step whose reduced gradients are not finite. The MAX of the scales
     carries one rank's inf to every rank, so every rank skips, and no residual becomes NaN."""
     model = make_model()
-    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "amp"), values="ternary",
+    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "amp"), packed_values="ternary",
                                   sparsity=0.8, ranking="layer", begin_step=0, end_step=0, pack_min_numel=1000)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
@@ -198,7 +198,7 @@ def test_scales_loaded_on_one_rank_reach_every_rank_and_the_codes_leave_from_the
         return sgd(model) if broadcast == "horovod" else torch.optim.SGD(model.parameters(), lr=0.05)
 
     model = make_model()
-    opt = pt.DistributedOptimizer(inner(model), named_parameters=named(model, f"sc.{broadcast}"), values="ternary",
+    opt = pt.DistributedOptimizer(inner(model), named_parameters=named(model, f"sc.{broadcast}"), packed_values="ternary",
                                   sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0)
     for step in range(3):
         opt.zero_grad()
@@ -212,7 +212,7 @@ def test_scales_loaded_on_one_rank_reach_every_rank_and_the_codes_leave_from_the
 
     resumed_model = make_model(seed=hvd.rank() + 1)  # other weights on every rank until the broadcast
     resumed = pt.DistributedOptimizer(inner(resumed_model), named_parameters=named(resumed_model, f"sc.{broadcast}"),
-                                      values="ternary", sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0)
+                                      packed_values="ternary", sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0)
     if hvd.rank() == 0:
         resumed_model.load_state_dict(saved["model"])
         resumed.load_state_dict(saved["optimizer"])
