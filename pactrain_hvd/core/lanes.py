@@ -27,6 +27,7 @@ WORD_BITS = 31  # usable bits of an int32 word: the sign bit is never set
 CODE_OFFSET = 1  # code = ternary + CODE_OFFSET
 MIN_LANES = 3  # below this, fp16 (2 values per 32 bits) is as small and exact-er
 SCALE_BYTES = 4  # one fp32 scale per quantized tensor also crosses the wire
+NOISE_SEED = 0x7E4A  # stochastic rounding's noise is seeded with this plus the rank: ranks draw independently
 
 
 @dataclass(frozen=True)

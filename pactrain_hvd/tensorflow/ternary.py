@@ -19,11 +19,9 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from pactrain_hvd.core.lanes import SCALE_BYTES
+from pactrain_hvd.core.lanes import NOISE_SEED, SCALE_BYTES
 from pactrain_hvd.tensorflow.compression import PacTrainCompressor
 from pactrain_hvd.tensorflow.lanes import decode, encode, layout_for, stochastic_ternary
-
-_NOISE_SEED = 0x7E4A  # rounding noise: seeded with this plus the rank, so ranks draw independently
 
 
 class ErrorFeedback:
@@ -88,7 +86,7 @@ class TernaryReduction:
     def __init__(self, process_set: hvd.ProcessSet) -> None:
         self.process_set = process_set
         self.memory = ErrorFeedback()
-        self.noise = NoiseSource(_NOISE_SEED + process_set.rank())
+        self.noise = NoiseSource(NOISE_SEED + process_set.rank())
         self.scales: dict[str, tf.Variable] = {}  # per tensor, the scale of its next send; NaN: none held
 
     def track(self, name: str) -> None:

@@ -21,11 +21,9 @@ import torch
 from horovod.torch.mpi_ops import allreduce_async_, synchronize
 
 from pactrain_hvd.core import CheckpointError
-from pactrain_hvd.core.lanes import LaneLayout
+from pactrain_hvd.core.lanes import NOISE_SEED, LaneLayout
 from pactrain_hvd.torch.compression import PacTrainCompressor
 from pactrain_hvd.torch.lanes import stochastic_ternary
-
-_NOISE_SEED = 0x7E4A  # rounding noise: seeded with this plus the rank, so ranks draw independently
 
 
 class ErrorFeedback:
@@ -134,7 +132,7 @@ class TernaryReduction:
         self.layout = layout
         self.process_set = process_set
         self.memory = ErrorFeedback()
-        self.noise = NoiseSource(_NOISE_SEED + process_set.rank())
+        self.noise = NoiseSource(NOISE_SEED + process_set.rank())
         self.scales: dict[str, torch.Tensor] = {}  # per tensor, the scale of its next send (fp32 scalar)
 
     def state_dict(self) -> dict[str, Any]:
