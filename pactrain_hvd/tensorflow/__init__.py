@@ -7,13 +7,10 @@ from horovod.tensorflow.compression import Compression
 
 from pactrain_hvd.core import CheckpointError, MaskMismatchError
 from pactrain_hvd.tensorflow.compression import PacTrainCompressor
-from pactrain_hvd.tensorflow.optimizer import (
-    DistributedGradientTape,
-    PacTrainState,
-    PartialDistributedGradientTape,
-    broadcast_masks,
-)
+from pactrain_hvd.tensorflow.functions import broadcast_masks
 from pactrain_hvd.tensorflow.pruning import Pruner, default_prunable
+from pactrain_hvd.tensorflow.state import PacTrainState
+from pactrain_hvd.tensorflow.tape import DistributedGradientTape, PartialDistributedGradientTape
 
 __all__ = [
     "CheckpointError",

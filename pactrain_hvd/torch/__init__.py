@@ -7,7 +7,8 @@ from pactrain_hvd.torch import ddp
 from pactrain_hvd.torch.checkpoint import load_checkpoint, save_checkpoint
 from pactrain_hvd.torch.compression import PacTrainCompressor
 from pactrain_hvd.torch.elastic import PacTrainStateHandler  # registers itself with hvd.elastic.TorchState
-from pactrain_hvd.torch.optimizer import DistributedOptimizer, broadcast_masks, broadcast_optimizer_state
+from pactrain_hvd.torch.functions import broadcast_masks, broadcast_optimizer_state
+from pactrain_hvd.torch.optimizer import DistributedOptimizer
 from pactrain_hvd.torch.pruning import Pruner, default_prunable
 
 __all__ = [

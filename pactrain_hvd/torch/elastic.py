@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from horovod.torch.elastic.state import OptimizerStateHandler, get_handler_registry, set_handler_registry
 
-from pactrain_hvd.torch.optimizer import DistributedOptimizer, broadcast_optimizer_state
+from pactrain_hvd.torch.functions import broadcast_optimizer_state
+from pactrain_hvd.torch.optimizer import DistributedOptimizer
 
 
 class PacTrainStateHandler(OptimizerStateHandler):

@@ -158,7 +158,7 @@ def test_default_ranking_is_erk_in_every_frontend():
 
     assert PacTrainConfig().ranking == "erk"
     frontends = ["pactrain_hvd.torch.optimizer:DistributedOptimizer", "pactrain_hvd.torch.ddp:PacTrainHookState",
-                 "pactrain_hvd.tensorflow.optimizer:PacTrainState",
+                 "pactrain_hvd.tensorflow.state:PacTrainState",
                  "pactrain_hvd.tensorflow.keras.optimizer:DistributedOptimizer"]
     for path in frontends:
         module, name = path.split(":")

@@ -7,7 +7,7 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from pactrain_hvd.tensorflow.optimizer import broadcast_masks, state_of
+from pactrain_hvd.tensorflow.functions import broadcast_masks, state_of
 from pactrain_hvd.tensorflow.pruning import backing_variable, build_optimizer, optimizer_variables
 
 

@@ -26,7 +26,7 @@ import horovod.tensorflow.keras.elastic as hvd_elastic
 import tensorflow as tf
 
 from pactrain_hvd.core import WorldSizeChangedWarning
-from pactrain_hvd.tensorflow.optimizer import broadcast_masks, state_of
+from pactrain_hvd.tensorflow.functions import broadcast_masks, state_of
 from pactrain_hvd.tensorflow.pruning import backing_variable, build_optimizer, optimizer_variables
 
 

@@ -24,8 +24,8 @@ import tensorflow as tf
 from horovod.tensorflow.compression import Compression, Compressor
 
 from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY
-from pactrain_hvd.tensorflow.optimizer import PacTrainState, scale_gradient
 from pactrain_hvd.tensorflow.pruning import Prunable, backing_variable, build_optimizer
+from pactrain_hvd.tensorflow.state import PacTrainState, scale_gradient
 
 
 class LocalAggregation:

@@ -1,0 +1,221 @@
+"""``DistributedGradientTape``: ``hvd.DistributedGradientTape`` with pruning and packing, over a ``PacTrainState``."""
+
+from __future__ import annotations
+
+import types
+import warnings
+from typing import Any
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+from horovod.tensorflow.compression import Compression, Compressor
+
+from pactrain_hvd.core.config import packed_values_argument
+from pactrain_hvd.tensorflow.pruning import backing_variable
+from pactrain_hvd.tensorflow.state import PacTrainState, state_arguments
+
+_HOROVOD_DEFAULTS = {"compression": Compression.none, "sparse_as_dense": False, "op": hvd.Average,
+                     "gradient_predivide_factor": 1.0, "groups": None, "process_set": hvd.global_process_set,
+                     "device_dense": "", "device_sparse": "", "scale_local_gradients": True}
+
+_TAPE_STATES = "_pactrain_tape_states"  # attribute of a variable: the tape states of the sources it leads
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Argument equality across traces: a lambda written in the step is a new object per trace, same code."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, types.FunctionType):
+        return a.__code__ is b.__code__
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[key], b[key]) for key in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        return False
+
+
+def _tape_state(sources: list[Any], arguments: dict[str, Any]) -> PacTrainState:
+    """The state of tapes made without ``state=``: one per tuple of variables differentiated.
+
+    Horovod's idiom wraps the tape inside the traced step, so every trace (and every eager step)
+    makes a new tape; they all find the state the first one made (outside the trace), kept on the
+    first variable, so it lives as long as the model does.
+    """
+    variables = [backing_variable(source) for source in sources]
+    states = variables[0].__dict__.setdefault(_TAPE_STATES, {})
+    key = tuple(variable.ref() for variable in variables)
+    if key not in states:
+        with tf.init_scope():
+            states[key] = (arguments, PacTrainState(**arguments))
+    made_with, state = states[key]
+    differing = sorted(name for name in arguments if not _same(arguments[name], made_with[name]))
+    if differing:
+        raise ValueError(f"pt.DistributedGradientTape: these variables already have a PacTrainState made with other "
+                         f"{', '.join(differing)}; to train them two ways, make each PacTrainState yourself and pass "
+                         "it as state=")
+    return state
+
+
+class DistributedGradientTape:
+    """``hvd.DistributedGradientTape`` with pruning and mask-indexed packing, for Keras 3 and tf-keras.
+
+    Takes every argument of ``hvd.DistributedGradientTape`` with the same defaults, plus the
+    PacTrain arguments of ``PacTrainState`` (``sparsity=0.9``, ``begin_step``, ``end_step``,
+    ``frequency``, ``prunable``, ``ranking``, ``pack_min_numel``, ``pack_max_density``,
+    ``verify_every``, ``optimizer``, ``packed_values``). One ``gradient`` call is one step.
+
+    The schedule and masks outlive the tape: Horovod's idiom, a tape wrapped on every step or in
+    a ``tf.function`` (traced again for a new batch shape), keeps one ``PacTrainState`` per tuple
+    of variables differentiated, found by the first ``gradient`` call (then ``pactrain_state``).
+    Or pass ``state=`` (a ``PacTrainState`` you made) and leave the other arguments unset.
+
+    With exact-zero gradients at pruned coordinates and slots cleared at mask changes (pass
+    ``optimizer=``), Keras optimizers keep pruned weights at exactly 0.
+
+    Example::
+
+        >>> @tf.function
+        ... def train_step(x, y):
+        ...     with tf.GradientTape() as tape:
+        ...         loss = loss_fn(y, model(x, training=True))
+        ...     tape = pt.DistributedGradientTape(tape, sparsity=0.9, end_step=1000, optimizer=opt)
+        ...     grads = tape.gradient(loss, model.trainable_variables)
+        ...     opt.apply_gradients(zip(grads, model.trainable_variables))
+    """
+
+    def __init__(
+        self,
+        gradtape: tf.GradientTape,
+        device_dense: str = "",
+        device_sparse: str = "",
+        compression: type[Compressor] = Compression.none,
+        sparse_as_dense: bool = False,
+        op: Any = hvd.Average,
+        gradient_predivide_factor: float = 1.0,
+        num_groups: int = 0,
+        groups: int | list | None = None,
+        process_set: hvd.ProcessSet = hvd.global_process_set,
+        scale_local_gradients: bool = True,
+        state: PacTrainState | None = None,
+        **pactrain: Any,
+    ) -> None:
+        if not isinstance(gradtape, tf.GradientTape):
+            raise TypeError(f"gradtape must be a tf.GradientTape, got {type(gradtape).__name__}")
+        if num_groups != 0:
+            warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+                          DeprecationWarning, stacklevel=2)
+            groups = groups if groups is not None else num_groups
+        horovod_args = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+                            gradient_predivide_factor=gradient_predivide_factor, groups=groups,
+                            process_set=process_set, device_dense=device_dense, device_sparse=device_sparse,
+                            scale_local_gradients=scale_local_gradients)
+        if "values" in pactrain:  # the deprecated spelling: read once here, not at every trace's state lookup
+            given = pactrain.pop("packed_values", "inherit")
+            pactrain["packed_values"] = packed_values_argument(given, pactrain.pop("values"))
+        self._arguments: dict[str, Any] | None = None
+        if state is None:
+            self._arguments = state_arguments(**horovod_args, **pactrain)  # the state itself: at gradient()
+        elif not isinstance(state, PacTrainState):
+            raise TypeError(f"state must be a PacTrainState, got {type(state).__name__}")
+        else:
+            differing = [key for key, value in horovod_args.items()
+                         if value != _HOROVOD_DEFAULTS[key] and value != getattr(state, key)] + sorted(pactrain)
+            if differing:
+                raise ValueError(f"state= was given, so {', '.join(differing)} must be left unset: the state has them")
+        self._tape = gradtape
+        self._state = state
+        self._local_sources: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_tape":
+            raise AttributeError(name)
+        return getattr(self._tape, name)  # watch, stop_recording, reset, jacobian...
+
+    def __enter__(self) -> DistributedGradientTape:
+        self._tape.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._tape.__exit__(*exc_info)
+
+    @property
+    def pactrain_state(self) -> PacTrainState:
+        """Schedule position, masks and statistics of this tape's variables."""
+        if self._state is None:
+            raise RuntimeError("pactrain_state: made without state=, this tape finds its PacTrainState (one per tuple "
+                               "of variables) at its first gradient() call; read it after that, or pass state=")
+        return self._state
+
+    def register_local_source(self, source: Any) -> None:
+        """Gradients of ``source`` are not reduced (scaled by 1/size if ``scale_local_gradients``)."""
+        self._local_sources.append(source)
+        if self._state is not None:
+            self._state.register_local(source)
+
+    def masks(self) -> dict[str, np.ndarray]:
+        return self.pactrain_state.masks()
+
+    def stats(self) -> dict:
+        return self.pactrain_state.stats()
+
+    @tf.autograph.experimental.do_not_convert
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 unconnected_gradients: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE) -> Any:
+        gradients = self._tape.gradient(target, sources, output_gradients=output_gradients,
+                                        unconnected_gradients=unconnected_gradients)
+        flat_sources = tf.nest.flatten(sources)
+        if not flat_sources:
+            return gradients
+        if self._state is None:
+            self._state = _tape_state(flat_sources, self._arguments)
+            for source in self._local_sources:
+                self._state.register_local(source)
+        reduced = self._state.reduce(tf.nest.flatten(gradients), flat_sources)
+        return tf.nest.pack_sequence_as(gradients, reduced)
+
+    def get_local_and_global_gradients(self, target: Any, sources: Any,
+                                       output_gradients: Any = None) -> tuple[list[tuple], list[tuple]]:
+        """As Horovod's: ``gradient``, split into ``[(source, gradient)]`` of local sources and of the others."""
+        flat_sources = tf.nest.flatten(sources)
+        pairs = list(zip(flat_sources, tf.nest.flatten(self.gradient(target, sources, output_gradients))))
+        is_local = [self._state is not None and self._state.is_local(source) for source in flat_sources]
+        return ([pair for pair, local in zip(pairs, is_local) if local],
+                [pair for pair, local in zip(pairs, is_local) if not local])
+
+
+def PartialDistributedGradientTape(  # noqa: N802 - the name Horovod users know
+    gradtape: tf.GradientTape,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: type[Compressor] = Compression.none,
+    sparse_as_dense: bool = False,
+    op: Any = hvd.Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: int | list | None = None,
+    process_set: hvd.ProcessSet = hvd.global_process_set,
+    local_layers: Any = None,
+    scale_local_gradients: bool = True,
+    **pactrain: Any,
+) -> DistributedGradientTape:
+    """``hvd.PartialDistributedGradientTape``: the trainable weights of ``local_layers`` (a Keras layer or a
+    list of them) are local sources; the rest as ``DistributedGradientTape`` (PacTrain arguments too)."""
+    layers = [] if local_layers is None else [local_layers] if hasattr(local_layers, "trainable_weights") \
+        else list(local_layers)
+    if not all(hasattr(layer, "trainable_weights") for layer in layers):
+        raise ValueError("local_layers must be a Keras layer or a list of Keras layers")
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                   gradient_predivide_factor, num_groups, groups, process_set, scale_local_gradients,
+                                   **pactrain)
+    for layer in layers:
+        for weight in layer.trainable_weights:
+            tape.register_local_source(weight)
+    return tape

@@ -1,0 +1,46 @@
+"""Collective helpers on a ``DistributedOptimizer`` (Horovod's module name): broadcast its PacTrain state."""
+
+from __future__ import annotations
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+
+from pactrain_hvd.torch.optimizer import DistributedOptimizer
+
+
+def broadcast_masks(optimizer: DistributedOptimizer, root_rank: int = 0) -> None:
+    """Give every rank ``root_rank``'s masks, schedule position and held ternary scales (start and resume).
+
+    Use next to ``hvd.broadcast_parameters`` and ``hvd.broadcast_optimizer_state``.
+    """
+    if not isinstance(optimizer, DistributedOptimizer):
+        raise TypeError(f"broadcast_masks needs a pactrain_hvd.torch.DistributedOptimizer, got {type(optimizer).__name__}")
+    pruner, process_set = optimizer._pruner, optimizer.process_set
+    ternary = optimizer._ternary
+    scales = ternary.scale_vector(list(optimizer._parameters)) if ternary is not None else None
+    header = hvd.broadcast_object({"step": optimizer._step, "masked": sorted(pruner.masks), "scales": scales},
+                                  root_rank, name="pactrain.masks_header", process_set=process_set)
+    masks = {}
+    for name in header["masked"]:
+        param = pruner.parameters[name]
+        local = pruner.masks.get(name)
+        flags = (local if local is not None else torch.ones_like(param, dtype=torch.bool)).to(torch.uint8)
+        flags = hvd.broadcast(flags.cpu(), root_rank, name=f"pactrain.mask.{name}", process_set=process_set)
+        masks[name] = flags.numpy().astype(np.bool_)
+    optimizer._step = int(header["step"])
+    optimizer._install_masks(masks)
+    if ternary is not None:
+        optimizer._hold_scales(header["scales"])
+    optimizer._verify_now()
+
+
+def broadcast_optimizer_state(optimizer: DistributedOptimizer, root_rank: int = 0) -> None:
+    """``hvd.broadcast_optimizer_state`` (which carries masks and schedule position, see ``state_dict``),
+    then the Mask Tracker proves the result at once instead of at the next step.
+    """
+    if not isinstance(optimizer, DistributedOptimizer):
+        raise TypeError(f"broadcast_optimizer_state needs a pactrain_hvd.torch.DistributedOptimizer, "
+                        f"got {type(optimizer).__name__}")
+    hvd.broadcast_optimizer_state(optimizer, root_rank=root_rank)
+    optimizer._verify_now()
