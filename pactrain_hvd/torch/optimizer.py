@@ -1,9 +1,9 @@
 """``DistributedOptimizer``: hvd.DistributedOptimizer with pruning and mask-indexed packing.
 
-It wraps the user's optimizer (composition: no generated subclass) and mirrors Horovod's
-own torch optimizer step for step: a hook per parameter starts an asynchronous all-reduce
-as soon as its gradient is accumulated, ``synchronize()`` waits, ``step()`` updates. The
-only difference is what each all-reduce carries: for a pruned tensor, the surviving values.
+It wraps the user's optimizer (composition: no generated subclass) and runs Horovod's own torch
+engine (``engine.py``: a hook per parameter starts an asynchronous all-reduce as soon as its
+gradient is accumulated, ``synchronize()`` waits, ``step()`` updates). What differs is what each
+all-reduce carries, chosen here per tensor: for a pruned tensor, the surviving values.
 """
 
 from __future__ import annotations
@@ -11,18 +11,14 @@ from __future__ import annotations
 import numbers
 import os
 import warnings
-import weakref
 from collections.abc import Iterable
-from contextlib import contextmanager
 from typing import Any
 
 import horovod.torch as hvd
 import numpy as np
 import torch
-from horovod.common.util import split_list
 from horovod.torch.compression import Compression, Compressor
-from horovod.torch.mpi_ops import allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async, synchronize
-from torch.utils.weak import WeakTensorKeyDictionary
+from horovod.torch.mpi_ops import allreduce_async_, sparse_allreduce_async, synchronize
 
 from pactrain_hvd.core import (
     CheckpointError,
@@ -47,6 +43,7 @@ from pactrain_hvd.core.config import (
 from pactrain_hvd.core.lanes import SCALE_BYTES, ternary_layout
 from pactrain_hvd.core.own_masks import schedule_sparsity
 from pactrain_hvd.torch.compression import PacTrainCompressor
+from pactrain_hvd.torch.engine import HorovodEngine
 from pactrain_hvd.torch.own_masks import resolve_masks, sync_prune_buffers, warn_if_torch_pruned
 from pactrain_hvd.torch.pruning import Prunable, Pruner, host_masks, select_prunable, zero_stays_zero
 from pactrain_hvd.torch.ternary import TernaryReduction, TernarySend
@@ -87,22 +84,7 @@ def _check_dtypes(parameters: dict[str, torch.Tensor]) -> None:
                             "float32 and float64 gradients; convert it or set requires_grad=False")
 
 
-# Which DistributedOptimizer's hooks a parameter carries: wrapping it again hands it over (Horovod's
-# wrapper leaves both instances all-reducing).
-_HOOK_OWNERS = WeakTensorKeyDictionary()
-
-
-def _take_over(p: torch.Tensor, new_owner: DistributedOptimizer) -> None:
-    owner = _HOOK_OWNERS.get(p)
-    previous = owner() if owner is not None else None
-    if previous is not None and previous is not new_owner and not previous._detached:
-        warnings.warn(f"parameter {new_owner._names[p]!r} was wrapped by another pt.DistributedOptimizer: that one's "
-                      "gradient hooks are removed and it can no longer step", stacklevel=3)
-        previous._detach()
-    _HOOK_OWNERS[p] = weakref.ref(new_owner)
-
-
-class DistributedOptimizer(torch.optim.Optimizer):
+class DistributedOptimizer(HorovodEngine, torch.optim.Optimizer):
     """Drop-in replacement for ``hvd.DistributedOptimizer`` that prunes and packs.
 
     Takes every argument of ``hvd.DistributedOptimizer`` with the same defaults, plus:
@@ -223,22 +205,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._rebuild_plan()
         if own_masks:
             self.set_masks(own_masks)  # validated; proven equal on all ranks before the first all-reduce
-
-        self._handles: dict[Any, tuple[Any, Any]] = {}
-        self._delay = {p: backward_passes_per_step for p in self._parameters.values()}
-        self._requires_update: set[torch.Tensor] = set()
-        self._synchronized = False
-        self._should_synchronize = True
-        self._groups = self._form_groups(groups) if groups is not None else None
-        self._group_counts = {group: 0 for group in set((self._groups or {}).values())}
-        self._hook_handles = []
-        self._detached = False
-        if self._communicating:
-            for p in self._parameters.values():
-                if p.requires_grad:
-                    self._requires_update.add(p)
-                    self._hook_handles.append(p.register_post_accumulate_grad_hook(self._on_gradient_ready))
-                    _take_over(p, self)
+        self._start_engine(groups)
 
     # -- what a torch.optim.Optimizer exposes, shared with the wrapped optimizer ----------------
     @property
@@ -276,16 +243,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def register_step_post_hook(self, hook):
         """Runs after the wrapped optimizer's update, before pruned weights are re-zeroed (``hook(inner, args, kwargs)``)."""
         return self._optimizer.register_step_post_hook(hook)
-
-    def _detach(self) -> None:
-        for handle in self._hook_handles:
-            handle.remove()
-        self._hook_handles = []
-        self._detached = True
-
-    def _check_attached(self) -> None:
-        if self._detached:
-            raise RuntimeError("this pt.DistributedOptimizer was replaced: another one wraps its parameters now")
 
     def add_param_group(self, param_group: dict) -> None:
         raise NotImplementedError("add parameter groups to the optimizer before wrapping it in DistributedOptimizer")
@@ -432,25 +389,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             dense_bytes=numel * p.element_size(),
         )
 
-    # -- communication, mirroring horovod/torch/optimizer.py ---------------------------------
-    def _form_groups(self, groups: int | list[list[torch.Tensor]]) -> dict[torch.Tensor, tuple]:
-        params = [p for p in self._parameters.values() if p.requires_grad]  # sorted by name on every rank
-        if isinstance(groups, list):
-            seen: set[int] = set()
-            formed = []
-            for group in groups:
-                for p in group:
-                    if not isinstance(p, torch.Tensor):
-                        raise ValueError("groups must consist of torch.Tensor")
-                    if id(p) in seen:
-                        raise ValueError("a parameter can only appear once in groups")
-                    seen.add(id(p))
-                formed.append([p for p in params if any(p is q for q in group)])
-            formed += [[p] for p in params if id(p) not in seen]
-        else:
-            formed = split_list(params, groups)
-        return {p: tuple(group) for group in formed if group for p in group}
-
+    # -- the codec HorovodEngine (engine.py) calls: what each all-reduce carries ------------------
     def _compress(self, p: torch.Tensor) -> tuple[torch.Tensor, Any]:
         wire, ctx = self._compressors[p].compress(self._local_grad(p))
         self._record(p, wire.numel() * wire.element_size())
@@ -521,84 +460,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
         )
         return sparse_allreduce_async(grad, name=self._names[p], op=self.op, process_set=self.process_set), None
 
-    def _grouped_allreduce_grad_async(self, group: tuple) -> tuple[Any, Any]:
-        wires, ctxs = zip(*[self._compress(p) for p in group])
-        # Horovod's own grouped path drops gradient_predivide_factor; ours honours it, as ungrouped
-        handle = grouped_allreduce_async_(list(wires), name=self._names[group[0]], op=self.op, process_set=self.process_set,
-                                          **self._scale_factors())
-        return handle, ctxs
+    def _finish(self, p: torch.Tensor, handle: Any, ctx: Any) -> torch.Tensor:
+        if isinstance(handle, TernarySend):
+            return self._ternary.finish(handle)
+        if callable(handle):  # a sparse allgather
+            return handle()
+        return self._decompress(p, synchronize(handle), ctx)
 
-    def _on_gradient_ready(self, p: torch.Tensor) -> None:
-        if p in self._handles and self._handles[p][0] is not None and self._delay[p] <= 0:
-            raise AssertionError("Gradients were computed more than backward_passes_per_step times before call to step(). "
-                                 "Increase backward_passes_per_step to accumulate gradients locally.")
-        self._delay[p] -= 1
-        handle, ctx = None, None
-        if self._delay[p] == 0:
-            if self._groups is not None and self._compressors[p].lanes is None:  # ternary goes alone
-                group = self._groups[p]
-                self._group_counts[group] += 1
-                if self._group_counts[group] == len(group):
-                    self._handles[group] = self._grouped_allreduce_grad_async(group)
-                    for member in group:
-                        self._handles.pop(member, None)
-                    self._group_counts[group] = 0
-                    return
-            else:
-                handle, ctx = self._allreduce_grad_async(p)
-        self._handles[p] = (handle, ctx)
+    def _decompress(self, p: torch.Tensor, output: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return self._compressors[p].decompress(output, ctx)
+
+    def _travels_alone(self, p: torch.Tensor) -> bool:
+        return self._compressors[p].lanes is not None  # ternary codes, at this tensor's own scale
 
     def synchronize(self) -> None:
         """Wait for every gradient all-reduce and write the reduced gradients back."""
-        self._check_attached()
-        if not self._communicating:
-            self._synchronized = True
-            return
-        started: set[torch.Tensor] = set()
-        for key in self._handles:
-            started.update(key) if isinstance(key, tuple) else started.add(key)
-        missing = self._requires_update - started
-        for p in [p for p in self._parameters.values() if p in missing]:  # in name order, the same on every rank
-            self._handles[p] = self._allreduce_grad_async(p)
-        for p, (handle, _) in list(self._handles.items()):
-            if handle is None:
-                self._handles[p] = self._allreduce_grad_async(p)
-        for key, (handle, ctx) in self._handles.items():
-            if isinstance(key, tuple):
-                for p, output, p_ctx in zip(key, synchronize(handle), ctx):
-                    self._delay[p] = self.backward_passes_per_step
-                    self._write_back(p, self._compressors[p].decompress(output, p_ctx))
-                self._group_counts[key] = 0
-            else:
-                self._delay[key] = self.backward_passes_per_step
-                if self._groups is not None:
-                    self._group_counts[self._groups[key]] = 0
-                if isinstance(handle, TernarySend):
-                    reduced = self._ternary.finish(handle)
-                elif callable(handle):  # a sparse allgather
-                    reduced = handle()
-                else:
-                    reduced = self._compressors[key].decompress(synchronize(handle), ctx)
-                self._write_back(key, reduced)
-        self._handles.clear()
-        self._stats.step = self._step
-        self._synchronized = True
-
-    @staticmethod
-    def _write_back(p: torch.Tensor, reduced: torch.Tensor) -> None:
-        if p.grad.is_sparse:  # sparse gradients do not support set_; sparse_as_dense made them dense on the wire
-            p.grad.zero_().add_(reduced if reduced.is_sparse else reduced.to_sparse())
-        else:
-            p.grad.set_(reduced)
-
-    @contextmanager
-    def skip_synchronize(self):
-        """``opt.synchronize(); with opt.skip_synchronize(): opt.step()`` (e.g. for gradient clipping)."""
-        self._should_synchronize = False
-        try:
-            yield
-        finally:
-            self._should_synchronize = True
+        super().synchronize()
+        if self._communicating:
+            self._stats.step = self._step
 
     def step(self, closure=None):
         self._check_attached()
@@ -632,15 +511,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._handles:
-            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() "
-                                 "or optimizer.synchronize(). This is prohibited as it can cause a race condition.")
+        self._check_nothing_in_flight()
         self._optimizer.zero_grad(set_to_none=set_to_none)
-
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        self.backward_passes_per_step = passes
-        for p in self._delay:
-            self._delay[p] = passes
 
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
