@@ -106,7 +106,7 @@ def _checked_arguments(*, compression: Any, op: Any, gradient_predivide_factor: 
                         f"got {compression!r}")
     op_name = reduce_op_name(hvd, op, gradient_predivide_factor)
     _validate_groups(groups)
-    check_packed_values(packed_values_argument(packed_values), op_name, groups is not None)
+    check_packed_values(packed_values, op_name, groups is not None)  # already read by packed_values_argument
     if packed_values == "fp16" and groups is not None:
         raise ValueError("packed_values='fp16' cannot be combined with groups in the TensorFlow frontend: a pruned "
                          "tensor's plan, hence its wire dtype, is chosen when the step runs; "

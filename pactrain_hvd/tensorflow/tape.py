@@ -117,9 +117,10 @@ class DistributedGradientTape:
                             gradient_predivide_factor=gradient_predivide_factor, groups=groups,
                             process_set=process_set, device_dense=device_dense, device_sparse=device_sparse,
                             scale_local_gradients=scale_local_gradients)
-        if "values" in pactrain:  # the deprecated spelling: read once here, not at every trace's state lookup
-            given = pactrain.pop("packed_values", "inherit")
-            pactrain["packed_values"] = packed_values_argument(given, pactrain.pop("values"))
+        if "packed_values" in pactrain or "values" in pactrain:
+            # Checked and read (deprecated spellings too) once here, not again at every trace's state lookup.
+            pactrain["packed_values"] = packed_values_argument(pactrain.pop("packed_values", "inherit"),
+                                                               pactrain.pop("values", None))
         self._arguments: dict[str, Any] | None = None
         if state is None:
             self._arguments = state_arguments(**horovod_args, **pactrain)  # the state itself: at gradient()

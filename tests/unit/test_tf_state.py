@@ -207,3 +207,6 @@ def test_values_is_the_deprecated_name_of_packed_values():
     assert opt.pactrain_state.packed_values == "fp16"
     with pytest.raises(ValueError, match="not both"):
         pt.PacTrainState(packed_values="fp16", values="fp16")
+    with pytest.warns(DeprecationWarning) as caught:  # read once by the tape, not again when it checks its state
+        pt.DistributedGradientTape(tf.GradientTape(), packed_values="fp32")
+    assert len(caught) == 1 and caught[0].filename == __file__

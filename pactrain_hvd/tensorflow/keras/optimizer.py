@@ -297,8 +297,8 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
     ``end_step``, ``frequency``, ``total_steps``, ``prunable``, ``ranking``, ``pack_min_numel``,
     ``pack_max_density``, ``verify_every``, ``masks``, ``continue_pruning`` (bring your own mask:
     a dict, or the model wrapped by tfmot's ``prune_low_magnitude``) and ``packed_values``
-    (``"inherit"``, ``"fp16"`` or ``"ternary"``: how packed values travel; ``values`` is its deprecated name). Works with Keras 3 and tf-keras 2 optimizers, in
-    ``model.fit`` and in custom loops (``optimizer.apply_gradients`` reduces: do not also wrap the
+    (``"inherit"``, ``"fp16"`` or ``"ternary"``: how packed values travel; ``values`` is its deprecated
+    name). Works with Keras 3 and tf-keras 2 optimizers, in ``model.fit`` and in custom loops (``optimizer.apply_gradients`` reduces: do not also wrap the
     tape). Like Horovod's, it is rebuilt from ``optimizer.get_config()``: wrap before training.
     ``backward_passes_per_step`` > 1: gradients are summed locally and reduced every that many calls
     (Horovod's local aggregation, see ``LocalAggregation``); one reduction is one schedule step.
