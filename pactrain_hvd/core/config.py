@@ -135,3 +135,14 @@ class PacTrainConfig:
             end_step=self.end_step,
             frequency=self.frequency,
         )
+
+    def verifies_at(self, step: int) -> bool:
+        """Whether ``step`` has a periodic Mask Tracker check (every ``verify_every`` steps; 0: none)."""
+        return bool(self.verify_every) and step % self.verify_every == 0
+
+    def next_maintenance_after(self, step: int) -> int | None:
+        """The first step after ``step`` with a schedule update or a periodic check (None: no more)."""
+        following = [s for s in (self.schedule.next_update_after(step),) if s is not None]
+        if self.verify_every:
+            following.append((step // self.verify_every + 1) * self.verify_every)
+        return min(following, default=None)

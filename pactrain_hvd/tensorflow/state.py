@@ -24,10 +24,7 @@ How a step runs, in or out of ``tf.function``:
 
 from __future__ import annotations
 
-import functools
 import inspect
-import io
-import re
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -35,38 +32,29 @@ from typing import Any
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
-from horovod.common.util import split_list
 from horovod.tensorflow.compression import Compression, Compressor
 
 from pactrain_hvd.core import (
-    CheckpointError,
-    PacTrainConfig,
     StepStats,
     TensorStats,
-    check_saved_world_size,
-    saved_by_this_rank,
     should_pack,
 )
 from pactrain_hvd.core.config import (
     DEFAULT_RANKING,
     DEFAULT_VERIFY_EVERY,
-    check_packed_values,
     packed_encoding,
     packed_values_argument,
-    reduce_op_name,
-    require_initialized,
-    scale_factors,
 )
 from pactrain_hvd.core.lanes import ternary_layout
-from pactrain_hvd.core.own_masks import schedule_sparsity
-from pactrain_hvd.tensorflow.compression import PACKED, UNMASKED, PacTrainCompressor
-from pactrain_hvd.tensorflow.own_masks import PendingMasks, sync_tfmot_masks
+from pactrain_hvd.tensorflow import checkpoint
+from pactrain_hvd.tensorflow.arguments import checked_arguments
+from pactrain_hvd.tensorflow.compression import UNMASKED, PacTrainCompressor
+from pactrain_hvd.tensorflow.engine import HorovodEngine
+from pactrain_hvd.tensorflow.own_masks import sync_tfmot_masks
 from pactrain_hvd.tensorflow.pruning import (
     Prunable,
     Pruner,
     backing_variable,
-    build_optimizer,
-    communicates,
     optimizer_slots,
     select_prunable,
     variable_names,
@@ -75,59 +63,18 @@ from pactrain_hvd.tensorflow.ternary import TernaryReduction
 
 _NEVER = np.iinfo(np.int64).max
 _DUE_NOW = -1  # ``_next_due`` value: maintain (and verify) at the next step, whatever its number
-_Reduced = tuple[tf.Tensor, tf.Tensor]  # a reduced gradient and the bytes its tensor put on the wire
-
-
-def _validate_groups(groups: Any) -> None:
-    if groups is None:
-        return
-    if isinstance(groups, bool) or not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
-        raise ValueError(f"groups should be a positive integer or a list of lists of tf.Variable, got {groups!r}")
-    if isinstance(groups, list) and not all(isinstance(group, (list, tuple)) for group in groups):
-        raise ValueError("groups given as a list must be a list of lists of tf.Variable")
-
-
-def _checked_arguments(*, compression: Any, op: Any, gradient_predivide_factor: float, groups: Any, packed_values: str,
-                       process_set: Any, prunable: Prunable, sparsity: float, masks: Any, continue_pruning: bool,
-                       begin_step: int | None, end_step: int | None, frequency: int | None,
-                       total_steps: int | None, ranking: str, verify_every: int,
-                       pack_min_numel: int | None, pack_max_density: float | None,
-                       **_unchecked: Any) -> tuple[PacTrainConfig, PendingMasks | None]:
-    """``PacTrainState``'s arguments checked, before anything is created or communicated: its config and
-    given masks."""
-    config = PacTrainConfig.from_arguments(
-        sparsity=schedule_sparsity(sparsity, masks is not None, continue_pruning), begin_step=begin_step,
-        end_step=end_step, frequency=frequency, total_steps=total_steps, ranking=ranking, verify_every=verify_every,
-        pack_min_numel=pack_min_numel, pack_max_density=pack_max_density,
-    )
-    own_masks = PendingMasks(masks) if masks is not None else None
-    if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
-        raise TypeError(f"compression must be a Horovod Compressor such as hvd.Compression.fp16, "
-                        f"got {compression!r}")
-    op_name = reduce_op_name(hvd, op, gradient_predivide_factor)
-    _validate_groups(groups)
-    check_packed_values(packed_values, op_name, groups is not None)  # already read by packed_values_argument
-    if packed_values == "fp16" and groups is not None:
-        raise ValueError("packed_values='fp16' cannot be combined with groups in the TensorFlow frontend: a pruned "
-                         "tensor's plan, hence its wire dtype, is chosen when the step runs; "
-                         "compression=hvd.Compression.fp16 sends every tensor as fp16 and works with groups")
-    if not isinstance(process_set, hvd.ProcessSet):
-        raise TypeError(f"process_set must be a horovod ProcessSet, got {type(process_set).__name__}")
-    if prunable is not None and isinstance(prunable, str):
-        raise TypeError("prunable must be a predicate or a list of name patterns, not a single string")
-    require_initialized(hvd, "pactrain_hvd.tensorflow.PacTrainState")
-    return config, own_masks
 
 
 def state_arguments(**kwargs: Any) -> dict[str, Any]:
     """All of ``PacTrainState``'s arguments (defaults filled in), checked without making one."""
     bound = inspect.signature(PacTrainState).bind(**kwargs)
     bound.apply_defaults()
-    _checked_arguments(**bound.arguments)
+    checked_arguments(**bound.arguments)
     return dict(bound.arguments)
 
 
-class PacTrainState(tf.train.experimental.PythonState):
+
+class PacTrainState(HorovodEngine, tf.train.experimental.PythonState):
     """What persists between steps: schedule position, masks, packing plan, wire accounting.
 
     Takes Horovod's reduction arguments (``compression``, ``op``, ``gradient_predivide_factor``,
@@ -190,7 +137,7 @@ class PacTrainState(tf.train.experimental.PythonState):
     ) -> None:
         packed_values, values = packed_values_argument(packed_values, values), None
         arguments = {name: value for name, value in locals().items() if name not in ("self", "__class__")}
-        self.config, self._own_masks = _checked_arguments(**arguments)
+        self.config, self._own_masks = checked_arguments(**arguments)
         self._tfmot_masks: dict[str, tf.Variable] = {}
         self.compression = compression
         self.sparse_as_dense = bool(sparse_as_dense)
@@ -237,7 +184,7 @@ class PacTrainState(tf.train.experimental.PythonState):
         """``{variable name: bool mask}`` for every pruned variable (copies; restored but not yet
         bound: under the names they were saved with)."""
         if self._pending_restore is not None:
-            return {name: mask for _, name, mask in _parse_state(self._pending_restore)[1]}
+            return {name: mask for _, name, mask in checkpoint.parse(self._pending_restore).masks}
         return {name: mask.copy() for name, mask in self._pruner.masks.items()}
 
     def stats(self) -> dict:
@@ -286,16 +233,6 @@ class PacTrainState(tf.train.experimental.PythonState):
     def is_local(self, variable: Any) -> bool:
         return backing_variable(variable).ref() in self._local
 
-    def on_every_rank(self, flag: Any) -> tf.Tensor:
-        """Whether ``flag`` holds on every rank this state reduces with (one int all-reduce); ``flag`` itself
-        where nothing is communicated. For decisions all ranks must take alike, such as skipping a step."""
-        flag = tf.convert_to_tensor(flag, tf.bool)
-        if not communicates(self.process_set):
-            return flag
-        agreed = hvd.allreduce(tf.cast(flag, tf.int32), op=hvd.Min, name="pactrain.on_every_rank",
-                               process_set=self.process_set)
-        return tf.cast(agreed, tf.bool)
-
     # -- binding to variables -------------------------------------------------------------------
     @tf.autograph.experimental.do_not_convert
     def bind(self, variables: Sequence[Any]) -> tuple[int, ...]:
@@ -334,7 +271,7 @@ class PacTrainState(tf.train.experimental.PythonState):
             self.set_masks(own_masks)  # proven equal on all ranks at the first step
         if self._pending_restore is not None:
             blob, self._pending_restore = self._pending_restore, None
-            self._restore(*_parse_state(blob))
+            checkpoint.restore(self, checkpoint.parse(blob))
 
     # -- maintenance: between steps, eagerly ----------------------------------------------------
     def _install(self, masks: dict[str, np.ndarray], zero_now: bool = True) -> None:
@@ -393,199 +330,19 @@ class PacTrainState(tf.train.experimental.PythonState):
                 warnings.warn("PacTrainState has no optimizer: its slots (momentum, Adam moments) will not be "
                               "cleared at pruned coordinates. Pass optimizer=...", stacklevel=3)
             self._install(self._pruner.compute(step), zero_now)
-        elif int(self._next_due.numpy()) == _DUE_NOW or (cfg.verify_every and step % cfg.verify_every == 0):
+        elif int(self._next_due.numpy()) == _DUE_NOW or cfg.verifies_at(step):
             self._pruner.verify(step)
         self._next_due.assign(self._next_maintenance_after(step))
         return changed
 
     def _next_maintenance_after(self, step: int) -> int:
-        """The next step that needs ``_maintain``: a schedule update or a periodic verification."""
-        following = [s for s in (self.config.schedule.next_update_after(step),) if s is not None]
-        if self.config.verify_every:
-            following.append((step // self.config.verify_every + 1) * self.config.verify_every)
-        return min(following, default=_NEVER)
+        following = self.config.next_maintenance_after(step)
+        return _NEVER if following is None else following
 
     def _maintain_in_graph(self, step: tf.Tensor) -> bool:
         """The ``py_function`` body. TF re-raises a Python error from here as ``tf.errors.UnknownError``
         whose message carries it, e.g. ``MaskMismatchError: pruning masks differ across ranks: ...``."""
         return self._maintain(int(step), zero_now=False)
-
-    # -- the reduction ----------------------------------------------------------------------------
-    @tf.autograph.experimental.do_not_convert
-    def reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
-        """All-reduce ``grads`` of ``variables`` (pruned ones packed) and advance the schedule one step.
-
-        Eagerly, maintenance runs here in Python and the communication in a cached
-        ``tf.function`` (as Horovod does); inside a traced function both become graph ops.
-        """
-        if len(grads) != len(variables):
-            raise ValueError(f"got {len(grads)} gradients for {len(variables)} variables")
-        grads = list(grads)
-        shared = [i for i, v in enumerate(variables) if backing_variable(v).ref() not in self._local]
-        bound = len(self._names)
-        positions = self.bind([variables[i] for i in shared])
-        if len(self._names) > bound:  # slots are cleared by ops traced before the optimizer's: create them now
-            with tf.init_scope():
-                build_optimizer(self.optimizer, variables)
-        shared_grads = [grads[i] for i in shared]
-        self._refuse_sparse_pruned(shared_grads, positions)
-        if not tf.executing_eagerly():
-            reduced = self._communicate(shared_grads, positions, maintain=True)
-        else:
-            step = self.step_count
-            if self._maintenance_due(step):
-                self._maintain(step)
-            reduced = self._communicate_eagerly(shared_grads, positions, maintain=False)
-        local = sorted(set(range(len(grads))) - set(shared))
-        for i, grad in zip(shared, reduced):
-            grads[i] = grad
-        size = self._group_size() if local else 1
-        if self.scale_local_gradients and size > 1:
-            for i in local:
-                grads[i] = None if grads[i] is None else scale_gradient(grads[i], 1.0 / size)
-        return grads
-
-    def _refuse_sparse_pruned(self, grads: list[Any], positions: tuple[int, ...]) -> None:
-        """Before maintenance and communication: a prunable variable's gradient must be dense."""
-        if self.sparse_as_dense:
-            return
-        for grad, position in zip(grads, positions):
-            name = self._names[position]
-            if isinstance(grad, tf.IndexedSlices) and name in self._compressors:
-                raise ValueError(f"variable {name!r} has a sparse gradient (tf.IndexedSlices): pass "
-                                 "sparse_as_dense=True (packing needs dense gradients)")
-
-    def _communicate(self, grads: list[Any], positions: tuple[int, ...], maintain: bool) -> list[Any]:
-        self.traces += 1
-        with tf.name_scope("PacTrain"):
-            dependencies = []
-            if maintain:
-                step = self._step.read_value()
-                changed = tf.cond(self._maintenance_due(step),
-                                  lambda: tf.ensure_shape(tf.py_function(self._maintain_in_graph, [step], tf.bool), []),
-                                  lambda: tf.constant(False))
-                # Zeroing is done by graph ops, not in the py_function: TF's automatic control
-                # dependencies order them after this step's reads of the weights and before the
-                # optimizer's update of weights and slots, which a py_function's writes are not.
-                with tf.control_dependencies([changed]):
-                    dependencies.append(tf.cond(changed, self._zero_pruned, lambda: tf.constant(False)))
-            with tf.control_dependencies(dependencies):
-                reduced, sent = self._allreduce(grads, positions)
-                record = self._sent_bytes.assign(tf.stack(sent))
-            with tf.control_dependencies([record]):
-                self._step.assign_add(1)
-        return reduced
-
-    def _allreduce(self, grads: list[Any], positions: tuple[int, ...]) -> tuple[list[Any], list[tf.Tensor]]:
-        """Compress, reduce (grouped as Horovod would), decompress; also the bytes each tensor put on the wire."""
-        sent: list[tf.Tensor] = [tf.constant(-1, tf.int64)] * len(self._names)
-        reduced: list[Any] = list(grads)
-        communicating = communicates(self.process_set)
-        dense: list[tuple[int, tf.Tensor, Compressor]] = []
-        for index, (grad, position) in enumerate(zip(grads, positions)):
-            if grad is None:
-                continue
-            name = self._names[position]
-            compressor = self._compressors.get(name, self.compression)
-            if isinstance(grad, tf.IndexedSlices):
-                if not self.sparse_as_dense:
-                    if communicating:
-                        reduced[index], sent[position] = self._allgather_sparse(grad)
-                    continue
-                grad = tf.convert_to_tensor(grad)
-            if not communicating:  # as Horovod: the local gradient (pruned here: zero where masked)
-                pruned = isinstance(compressor, PacTrainCompressor)
-                reduced[index] = tf.where(compressor.mask, grad, tf.zeros_like(grad)) if pruned else grad
-                continue
-            self._dense_bytes[position] = self._pruner.variables[name].shape.num_elements() * grad.dtype.size
-            dense.append((index, grad, compressor))
-        plain, by_plan = [], []
-        for item in dense:
-            (by_plan if self.packed_values != "inherit" and isinstance(item[2], PacTrainCompressor) else plain).append(item)
-        with tf.device(self.device_dense):
-            wires, contexts = [], []
-            for index, grad, compressor in plain:
-                wire, ctx = compressor.compress(grad)
-                wires.append(wire)
-                contexts.append(ctx)
-                sent[positions[index]] = tf.size(wire, tf.int64) * wire.dtype.size
-            outputs = self._reduce_wires(wires, [positions[i] for i, _, _ in plain])
-            for (index, _, compressor), output, ctx in zip(plain, outputs, contexts):
-                reduced[index] = compressor.decompress(output, ctx)
-            if by_plan:
-                results = self._reduce_by_plan([(positions[index], grad, c) for index, grad, c in by_plan])
-                for (index, _, _), (output, size) in zip(by_plan, results):
-                    reduced[index], sent[positions[index]] = output, size
-        return reduced, sent
-
-    def _reduce_by_plan(self, items: list[tuple[int, tf.Tensor, PacTrainCompressor]]) -> list[_Reduced]:
-        """``packed_values`` fp16 or ternary: a pruned tensor's packed values travel another way than its dense
-        ones, and its plan is known only when the step runs, so each takes a ``tf.cond`` on its plan
-        (every rank the same branch: the plans agree). Returns (reduced gradient, bytes sent) each."""
-        results = []
-        for position, grad, compressor in items:
-            if self._ternary is not None:
-                packed = functools.partial(self._ternary.allreduce, self._names[position], compressor, grad,
-                                           self.op == hvd.Average, grad.dtype, self._wire_name("ternary", position))
-            else:
-                packed = functools.partial(self._reduce_packed, position, grad, compressor)
-            plain = functools.partial(self._reduce_plain, position, grad, compressor)
-            results.append(tf.cond(tf.equal(compressor.plan, PACKED), packed, plain))
-        return results
-
-    def _reduce_packed(self, position: int, grad: tf.Tensor, compressor: PacTrainCompressor) -> _Reduced:
-        """Surviving values as ``_packed_compression`` says (fp16)."""
-        wire, ctx = self._packed_compression.compress(compressor.survivors(grad))
-        output = hvd.allreduce(wire, name=self._wire_name("packed", position), **self._reduce_arguments())
-        values = self._packed_compression.decompress(output, ctx)
-        return compressor.unpack(values), tf.size(wire, tf.int64) * wire.dtype.size
-
-    def _reduce_plain(self, position: int, grad: tf.Tensor, compressor: PacTrainCompressor) -> _Reduced:
-        """As ``compression`` says, whatever the plan (here: not packed)."""
-        wire, ctx = compressor.compress(grad)
-        output = hvd.allreduce(wire, name=self._wire_name("plain", position), **self._reduce_arguments())
-        return compressor.decompress(output, ctx), tf.size(wire, tf.int64) * wire.dtype.size
-
-    def _wire_name(self, kind: str, position: int) -> str:
-        """A Horovod name per tensor: ops in ``tf.cond`` branches are not uniquified by TF as ops of one graph are."""
-        return f"pactrain_{kind}_" + re.sub("[^a-zA-Z0-9_]", "_", self._names[position])
-
-    def _reduce_arguments(self) -> dict[str, Any]:
-        return dict(op=self.op, process_set=self.process_set,
-                    **scale_factors(self.op == hvd.Average, self.gradient_predivide_factor))
-
-    def _reduce_wires(self, wires: list[tf.Tensor], positions: list[int]) -> list[tf.Tensor]:
-        if not wires:
-            return wires
-        common = self._reduce_arguments()
-        if self.groups is None:
-            return [hvd.allreduce(wire, **common) for wire in wires]
-        outputs: list[Any] = [None] * len(wires)
-        for members in self._group(positions):
-            grouped = hvd.grouped_allreduce([wires[i] for i in members], **common)
-            for i, output in zip(members, grouped):
-                outputs[i] = output
-        return outputs
-
-    def _group(self, positions: list[int]) -> list[list[int]]:
-        """Split wire indices into Horovod groups: ``groups`` chunks, or by the given variable lists."""
-        if isinstance(self.groups, int):
-            return [members for members in split_list(list(range(len(positions))), self.groups) if members]
-        group_of = {}
-        for number, group in enumerate(self.groups):
-            for variable in group:
-                group_of[self._positions.get(backing_variable(variable).ref())] = number
-        grouped: dict[Any, list[int]] = {}
-        for i, position in enumerate(positions):
-            grouped.setdefault(group_of.get(position, ("alone", i)), []).append(i)
-        return list(grouped.values())
-
-    def _allgather_sparse(self, grad: tf.IndexedSlices) -> tuple[tf.IndexedSlices, tf.Tensor]:
-        """Unpruned sparse gradients travel as Horovod sends them: values and indices allgathered."""
-        with tf.device(self.device_sparse):
-            reduced = hvd.allreduce(grad, op=self.op, compression=self.compression, process_set=self.process_set)
-        sent = sum(tf.size(part, tf.int64) * part.dtype.size for part in (grad.values, grad.indices))
-        return reduced, sent
 
     @tf.autograph.experimental.do_not_convert
     def enforce(self, variables: Iterable[Any]) -> None:
@@ -598,123 +355,16 @@ class PacTrainState(tf.train.experimental.PythonState):
                 tf.cond(tf.equal(compressor.plan.read_value(), UNMASKED), lambda: tf.constant(False),
                         lambda b=backing, c=compressor: _zero_pruned(b, c.mask))
 
-    # -- checkpoints (tf.train.Checkpoint calls these) --------------------------------------------
+    # -- checkpoints (tf.train.Checkpoint calls these; the format: checkpoint.py) --------------------
     def serialize(self) -> bytes:
-        """Schedule position and masks as an ``.npz`` blob; with ``packed_values="ternary"`` also the held scales
-        (the same on every rank) and this rank's error memory and rounding-noise state (restored only on
-        the same rank, as in torch).
-
-        Masks are keyed by the variable's position in binding order (the model's variable
-        order), so they restore into a rebuilt model whose generated names differ (Keras
-        numbers layers per process); the saved names serve the error messages.
-        """
-        if self._pending_restore is not None:
-            return self._pending_restore
-        names = sorted(self._pruner.masks)
-        ternary = {}
-        if self._ternary is not None:
-            scaled = sorted(self._ternary.scales)
-            ternary = {"ternary_rank": np.int64(self.process_set.rank()),
-                       "ternary_noise": self._ternary.noise.generator.state.numpy(),
-                       "scale_positions": np.array([self._names.index(name) for name in scaled], dtype=np.int64),
-                       "ternary_scales": np.array([self._ternary.scales[name].numpy() for name in scaled], np.float32),
-                       **{f"residual_{i}": self._ternary.memory.residuals[name].numpy() for i, name in enumerate(names)}}
-        buffer = io.BytesIO()
-        np.savez(buffer, step=np.int64(self.step_count), world_size=np.int64(self._group_size()),
-                 names=np.array(names, dtype=np.str_),
-                 positions=np.array([self._names.index(name) for name in names], dtype=np.int64),
-                 **{f"mask_{i}": self._pruner.masks[name] for i, name in enumerate(names)}, **ternary)
-        return buffer.getvalue()
+        """Schedule position and masks (and ternary's held scales, error memory and noise) as bytes."""
+        return checkpoint.serialize(self)
 
     def deserialize(self, string_value: bytes) -> None:
         """Restore schedule position and masks; local, validated before anything changes."""
-        step, saved, ternary = _parse_state(string_value)
-        check_saved_world_size(_saved_world_size(string_value), self._group_size())
-        if not self._names:
-            self._pending_restore = bytes(string_value)  # applied when the state binds to its variables
-            self._set_step(step)
-            return
-        self._restore(step, saved, ternary)
-
-    def _restore(self, step: int, saved: list[tuple[int, str, np.ndarray]], ternary: _SavedTernary | None) -> None:
-        masks = {}
-        for position, saved_name, mask in saved:
-            if position >= len(self._names):
-                raise CheckpointError(f"checkpoint has a mask for variable #{position} ({saved_name!r}), but only "
-                                      f"{len(self._names)} variables are bound here")
-            masks[self._names[position]] = mask
-        try:
-            masks = self._pruner.validate(masks)
-        except (TypeError, ValueError) as error:
-            raise CheckpointError(f"checkpoint does not fit these variables: {error}") from error
-        residuals = self._saved_residuals(ternary, masks)
-        scales = ternary[3] if ternary else {}
-        bad = {self._names[p] if p < len(self._names) else p: v for p, v in scales.items()
-               if not (np.isnan(v) or 0 <= v < np.inf)}
-        if bad:
-            raise CheckpointError(f"checkpoint ternary scales must be >= 0 and finite, or NaN (none held), got {bad}")
-        self._set_step(step)
-        self._install(masks)
-        if self._ternary is not None:  # none held where the checkpoint has none: that step agrees one
-            self._ternary.hold_scales({self._names[p]: v for p, v in scales.items() if p < len(self._names)})
-        if residuals is not None:
-            self._ternary.noise.generator.state.assign(ternary[1])
-            for name, residual in residuals.items():
-                self._ternary.memory.residuals[name].assign(residual)
-
-    def _saved_residuals(self, ternary: _SavedTernary | None, masks: dict[str, np.ndarray]) -> dict | None:
-        """The checkpoint's residuals by name, checked against the masks, if this rank saved them."""
-        if ternary is None or self._ternary is None:
-            return None
-        rank, _, by_position, _ = ternary
-        if not saved_by_this_rank(rank, self.process_set.rank):
-            return None
-        residuals = {}
-        for position, residual in by_position.items():
-            name = self._names[position]
-            expected = int(masks[name].sum()) if self._packs(masks.get(name)) else 0
-            if residual.ndim != 1 or residual.size != expected:
-                raise CheckpointError(f"ternary residual of {name!r} has shape {residual.shape}, its packed values "
-                                      f"number {expected}")
-            residuals[name] = residual.astype(np.float32)
-        return residuals
-
-
-# saving rank, noise state, residual by position (those three: that rank's), held scale by position (every rank's)
-_SavedTernary = tuple[int, np.ndarray, dict[int, np.ndarray], dict[int, float]]
-
-
-def _parse_state(blob: bytes) -> tuple[int, list[tuple[int, str, np.ndarray]], _SavedTernary | None]:
-    """(step, [(position, saved name, mask)], ternary memory or None) from ``PacTrainState.serialize``."""
-    try:
-        with np.load(io.BytesIO(blob), allow_pickle=False) as saved:
-            names = [str(name) for name in saved["names"]]
-            positions = [int(position) for position in saved["positions"]]
-            entries = [(position, name, saved[f"mask_{i}"]) for i, (position, name) in enumerate(zip(positions, names))]
-            ternary = None
-            if "ternary_rank" in saved.files:
-                scales = ({int(position): float(scale) for position, scale in
-                           zip(saved["scale_positions"], saved["ternary_scales"])} if "ternary_scales" in saved.files
-                          else {})
-                ternary = (int(saved["ternary_rank"]), saved["ternary_noise"],
-                           {position: saved[f"residual_{i}"] for i, position in enumerate(positions)}, scales)
-            return int(saved["step"]), entries, ternary
-    except (OSError, KeyError, ValueError, EOFError) as error:
-        raise CheckpointError(f"not a PacTrain state: {error}") from error
-
-
-def _saved_world_size(blob: bytes) -> int | None:
-    """The world size a ``PacTrainState.serialize`` blob was written under (None: written before it was recorded)."""
-    with np.load(io.BytesIO(blob), allow_pickle=False) as saved:
-        return int(saved["world_size"]) if "world_size" in saved.files else None
+        checkpoint.deserialize(self, string_value)
 
 
 def _zero_pruned(weight: tf.Variable, mask: tf.Variable) -> tf.Tensor:
     weight.assign(tf.where(mask, weight, tf.zeros_like(weight)))
     return tf.constant(True)
-
-
-def scale_gradient(grad: Any, factor: Any) -> Any:
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
-    return grad * factor

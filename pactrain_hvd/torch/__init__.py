@@ -10,6 +10,7 @@ from pactrain_hvd.torch.elastic import PacTrainStateHandler  # registers itself 
 from pactrain_hvd.torch.functions import broadcast_masks, broadcast_optimizer_state
 from pactrain_hvd.torch.optimizer import DistributedOptimizer
 from pactrain_hvd.torch.pruning import Pruner, default_prunable
+from pactrain_hvd.torch.state import PacTrainState
 
 __all__ = [
     "CheckpointError",
@@ -17,6 +18,7 @@ __all__ = [
     "DistributedOptimizer",
     "MaskMismatchError",
     "PacTrainCompressor",
+    "PacTrainState",
     "PacTrainStateHandler",
     "Pruner",
     "broadcast_masks",

@@ -1,15 +1,119 @@
-"""Atomic checkpoints: a crash mid-write never leaves a half-written file under the final name."""
+"""Checkpoints: PacTrain's entries in an optimizer state dict, and atomic checkpoint files.
+
+``DistributedOptimizer.state_dict()`` is the wrapped optimizer's plus ``"pactrain"`` (schedule
+position, masks, ternary memory and scales). Where the wrapped optimizer has state, each prunable
+parameter's entry also holds its mask (``"pactrain.mask"``: uint8, as Horovod broadcasts no bool
+tensors; the same tensor as in ``["pactrain"]["masks"]``, so a checkpoint stores it once) and the
+first parameter's the schedule position (``"pactrain.step"``) and held ternary scales
+(``"pactrain.scales"``): ``hvd.broadcast_optimizer_state`` broadcasts them with the rest, so
+Horovod's own resume idiom carries them (``PacTrainState.export``).
+"""
 
 from __future__ import annotations
 
+import numbers
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from pactrain_hvd.core import CheckpointError
+from pactrain_hvd.core import CheckpointError, check_saved_world_size, saved_by_this_rank, while_running
+from pactrain_hvd.torch.pruning import host_masks
+from pactrain_hvd.torch.state import PacTrainState
+
+_MASK_KEY, _STEP_KEY, _SCALES_KEY = "pactrain.mask", "pactrain.step", "pactrain.scales"
+
+
+@dataclass
+class SavedState:
+    """A checkpoint's PacTrain state, validated against the state it is loaded into."""
+
+    step: int
+    masks: dict[str, np.ndarray]
+    scales: torch.Tensor | None  # held ternary scales, one per parameter (NaN: none)
+    ternary: dict | None  # this rank's error memory and noise, if this rank saved it
+
+
+def with_pactrain(state: PacTrainState, inner: dict, optimized: list[torch.Tensor]) -> dict:
+    """``inner`` (the wrapped optimizer's state dict, whose parameters are ``optimized``) plus PacTrain's state."""
+    exported = state.export()
+    inner["pactrain"] = {"step": state.step_count, "sparsity": state.config.sparsity,
+                         "world_size": while_running(state.process_set.size), "masks": exported["masks"]}
+    if state.tracking and inner["state"]:  # Horovod initialises an empty state first; then the keys match
+        index = {id(p): i for i, p in enumerate(optimized)}
+        additions = {0: {_STEP_KEY: exported["step"]}}
+        if "scales" in exported:
+            additions[0][_SCALES_KEY] = exported["scales"]
+        for name, flags in exported["masks"].items():
+            additions.setdefault(index[id(state._parameters[name])], {})[_MASK_KEY] = flags
+        for pid, entries in additions.items():  # new dicts: the wrapped optimizer's own stay as they are
+            inner["state"][pid] = {**inner["state"].get(pid, {}), **entries}
+    if state._ternary is not None:
+        inner["pactrain"]["ternary"] = state._ternary.state_dict()
+        inner["pactrain"]["ternary_scales"] = exported["scales"]
+    return inner
+
+
+def without_pactrain(state_dict: dict) -> tuple[dict, Any]:
+    """The wrapped optimizer's part of ``state_dict`` (PacTrain's per-parameter entries dropped), and PacTrain's."""
+    state_dict = dict(state_dict)
+    pactrain = state_dict.pop("pactrain", None)
+    if isinstance(state_dict.get("state"), dict):
+        state_dict["state"] = {pid: {k: v for k, v in entry.items() if k not in (_MASK_KEY, _STEP_KEY, _SCALES_KEY)}
+                               if isinstance(entry, dict) else entry for pid, entry in state_dict["state"].items()}
+    return state_dict, pactrain
+
+
+def validated(state: PacTrainState, pactrain: Any) -> SavedState:
+    """``pactrain`` checked against ``state``'s parameters, world size and codec; ``CheckpointError`` if it does not fit."""
+    if not isinstance(pactrain, dict) or not {"step", "masks"} <= set(pactrain):
+        raise CheckpointError("the 'pactrain' entry of the optimizer state dict needs 'step' and 'masks'")
+    step = pactrain["step"]
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+        raise CheckpointError(f"checkpoint 'pactrain' step must be an int >= 0, got {step!r}")
+    try:
+        masks = state._pruner.validate(host_masks(pactrain["masks"], flags=True))
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"checkpoint does not fit this model: {error}") from error
+    current = while_running(state.process_set.size)
+    if current is not None:
+        check_saved_world_size(pactrain.get("world_size"), current)
+    ternary, scales = state._ternary, None
+    saved_ternary = _saved_ternary(state, pactrain.get("ternary"), masks) if ternary is not None else None
+    if ternary is not None:
+        scales = pactrain.get("ternary_scales")
+        count = len(state._parameters)
+        if scales is not None and (not isinstance(scales, torch.Tensor) or scales.shape != (count,)):
+            raise CheckpointError(f"checkpoint 'ternary_scales' must be a tensor of {count} values, one per parameter")
+    return SavedState(int(step), masks, scales, saved_ternary)
+
+
+def _saved_ternary(state: PacTrainState, saved: Any, masks: dict[str, np.ndarray]) -> dict | None:
+    """The checkpoint's ternary entry if this rank wrote it."""
+    if saved is None:
+        return None
+    if not isinstance(saved, dict) or not {"rank", "noise", "residuals"} <= set(saved):
+        raise CheckpointError("the 'ternary' entry of the 'pactrain' state needs 'rank', 'noise' and 'residuals'")
+    if not saved_by_this_rank(saved["rank"], state.process_set.rank):
+        return None
+    state._ternary.memory.validate(saved["residuals"], {name: int(mask.sum()) for name, mask in masks.items()})
+    return saved
+
+
+def restore(state: PacTrainState, saved: SavedState) -> None:
+    """Install ``saved``: masks, schedule position and held scales (the same on every rank, whichever rank's
+    checkpoint it is), and where this rank saved it, its ternary error memory and noise."""
+    state.adopt(saved.step, saved.masks, saved.scales)
+    if saved.ternary is not None:
+        ternary = state._ternary
+        ternary.noise.load_state_dict(saved.ternary["noise"])
+        ternary.memory.residuals = {name: residual.to(state._parameters[name].device)
+                                    for name, residual in saved.ternary["residuals"].items()
+                                    if state.compressor(state._parameters[name]).lanes is not None}
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:

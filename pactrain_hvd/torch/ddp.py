@@ -39,8 +39,8 @@ from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY, pack
 from pactrain_hvd.core.lanes import LaneLayout, ternary_layout
 from pactrain_hvd.torch.compression import fills_storage, storage_view
 from pactrain_hvd.torch.lanes import decode, encode, stochastic_ternary
+from pactrain_hvd.torch.memory import ErrorFeedback
 from pactrain_hvd.torch.pruning import Prunable, Pruner, TableExchange, host_masks, select_prunable, zero_stays_zero
-from pactrain_hvd.torch.ternary import ErrorFeedback
 
 _NOISE_SEED = 0xDD9  # ternary rounding noise: drawn per (rank, step, parameter), see _rounding_noise
 
@@ -225,7 +225,7 @@ class PacTrainHookState:
         self._stats.step = self._step
         self._step += 1
         self._sent.clear()
-        if self._checks_masks and self.config.verify_every and self._step % self.config.verify_every == 0:
+        if self._checks_masks and self.config.verifies_at(self._step):
             self._verify_pending = True
 
     def _begin_bucket(self, index: int) -> None:

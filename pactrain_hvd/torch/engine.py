@@ -3,11 +3,11 @@
 A hook per parameter starts its all-reduce once its gradient has accumulated
 ``backward_passes_per_step`` times; a group's members start together; ``synchronize()`` starts what
 backward did not reach (in name order, the same on every rank), waits, and writes the reduced
-gradients back. Kept apart so that it reads against upstream line by line: what each all-reduce
-carries is the subclass's codec (``_allreduce_grad_async``, ``_compress``, ``_finish``,
-``_decompress``, ``_travels_alone``). Two differences from upstream, both on purpose: a grouped
-all-reduce honours ``gradient_predivide_factor`` (Horovod's drops it), and wrapping a parameter again
-hands its hook over (Horovod's leaves both wrappers all-reducing).
+gradients back. It reads against upstream method by method; what each all-reduce carries is the
+plan's codec (``PacTrainState.compressor``: packed, dense-masked or as Horovod sends it; ternary
+through ``TernaryReduction``), in the methods that upstream calls the same. Two differences from
+upstream, both on purpose: a grouped all-reduce honours ``gradient_predivide_factor`` (Horovod's drops
+it), and wrapping a parameter again hands its hook over (Horovod's leaves both wrappers all-reducing).
 """
 
 from __future__ import annotations
@@ -17,21 +17,31 @@ import weakref
 from contextlib import contextmanager
 from typing import Any
 
+import horovod.torch as hvd
 import torch
 from horovod.common.util import split_list
-from horovod.torch.mpi_ops import grouped_allreduce_async_, synchronize
+from horovod.torch.mpi_ops import allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async, synchronize
 from torch.utils.weak import WeakTensorKeyDictionary
+
+from pactrain_hvd.core.config import scale_factors
+from pactrain_hvd.core.lanes import SCALE_BYTES
+from pactrain_hvd.torch.state import PacTrainState
+from pactrain_hvd.torch.ternary import TernarySend
 
 # Which engine's hooks a parameter carries.
 _HOOK_OWNERS = WeakTensorKeyDictionary()
 
 
 class HorovodEngine:
-    """The hook / delay / group machinery. Before ``_start_engine`` the subclass sets ``_parameters``
-    (name -> parameter, in name order), ``_names``, ``op``, ``process_set``, ``backward_passes_per_step``
-    and ``_communicating`` (Horovod's rule: in the process set, with someone to talk to)."""
+    """The hook / delay / group machinery. Before ``_start_engine`` the subclass sets ``op``,
+    ``process_set``, ``backward_passes_per_step``, ``gradient_predivide_factor`` and ``sparse_as_dense``."""
 
-    def _start_engine(self, groups: int | list[list[torch.Tensor]] | None) -> None:
+    def _start_engine(self, state: PacTrainState, groups: int | list[list[torch.Tensor]] | None) -> None:
+        self._pactrain = state
+        self._parameters = state._parameters  # name -> parameter, in name order
+        self._names = state._names
+        self._communicating = state.communicating
+        self._warned_sparse: set[torch.Tensor] = set()
         self._handles: dict[Any, tuple[Any, Any]] = {}
         self._delay = {p: self.backward_passes_per_step for p in self._parameters.values()}
         self._requires_update: set[torch.Tensor] = set()
@@ -48,25 +58,75 @@ class HorovodEngine:
                     self._hook_handles.append(p.register_post_accumulate_grad_hook(self._on_gradient_ready))
                     self._take_over(p)
 
-    # -- what the subclass's codec provides -------------------------------------------------------
-    def _allreduce_grad_async(self, p: torch.Tensor) -> tuple[Any, Any]:
-        raise NotImplementedError
+    # -- what each all-reduce carries: the plan's codec, per tensor ------------------------------
+    def _local_grad(self, p: torch.Tensor) -> torch.Tensor:
+        """``p``'s dense local gradient, once masks are proven to agree (a Mask Tracker check, when due, is
+        the step's first communication)."""
+        self._pactrain.adopt_and_verify()
+        if p.grad is None:
+            # Another rank may have a gradient for it (dynamic graphs): send zeros, as Horovod does.
+            p.grad = torch.zeros_like(p)
+        grad = p.grad
+        if grad.is_sparse:
+            if self.sparse_as_dense:
+                return grad.to_dense()  # p.grad becomes sparse again after the reduction, as in Horovod
+            if p not in self._warned_sparse:
+                self._warned_sparse.add(p)
+                reason = "it is pruned" if self._pactrain.compressor(p).mask is not None else "it is in a group"
+                warnings.warn(f"parameter {self._names[p]!r} has a sparse gradient and {reason}: it travels dense "
+                              "(pass sparse_as_dense=True to silence this)", stacklevel=2)
+            grad = grad.to_dense()
+            p.grad = grad
+        return grad
 
     def _compress(self, p: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        raise NotImplementedError
+        wire, ctx = self._pactrain.compressor(p).compress(self._local_grad(p))
+        self._pactrain.record(p, wire.numel() * wire.element_size())
+        return wire, ctx
+
+    def _allreduce_grad_async(self, p: torch.Tensor) -> tuple[Any, Any]:
+        compressor = self._pactrain.compressor(p)
+        if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense and compressor.mask is None:
+            return self._sparse_allreduce_grad_async(p)
+        if compressor.lanes is not None:
+            return self._ternary_start(p)
+        wire, ctx = self._compress(p)
+        handle = allreduce_async_(wire, name=self._names[p], op=self.op, process_set=self.process_set,
+                                  **self._scale_factors())
+        return handle, ctx
+
+    def _ternary_start(self, p: torch.Tensor) -> tuple[TernarySend, None]:
+        """Launch ``p``'s ternary all-reduce (see ``TernaryReduction``): from the hook, no blocking collective."""
+        state = self._pactrain
+        state.follow_world_size()
+        ternary = state._ternary
+        send = ternary.start(self._names[p], self._local_grad(p), state.compressor(p), average=self.op == hvd.Average)
+        state.record(p, 4 * ternary.layout.words(send.values.numel()) + SCALE_BYTES)  # int32 words + the MAX
+        return send, None
+
+    def _sparse_allreduce_grad_async(self, p: torch.Tensor) -> tuple[Any, None]:
+        """An unpruned sparse gradient travels as Horovod sends it: indices and values allgathered."""
+        self._pactrain.adopt_and_verify()
+        grad = p.grad
+        self._pactrain.record(p, sum(t.numel() * t.element_size() for t in (grad._indices(), grad._values())))
+        return sparse_allreduce_async(grad, name=self._names[p], op=self.op, process_set=self.process_set), None
 
     def _finish(self, p: torch.Tensor, handle: Any, ctx: Any) -> torch.Tensor:
-        raise NotImplementedError
+        if isinstance(handle, TernarySend):
+            return self._pactrain._ternary.finish(handle)
+        if callable(handle):  # a sparse allgather
+            return handle()
+        return self._decompress(p, synchronize(handle), ctx)
 
     def _decompress(self, p: torch.Tensor, output: torch.Tensor, ctx: Any) -> torch.Tensor:
-        raise NotImplementedError
+        return self._pactrain.compressor(p).decompress(output, ctx)
 
     def _travels_alone(self, p: torch.Tensor) -> bool:
-        """Whether ``p`` leaves its group (its wire cannot be fused with others)."""
-        return False
+        """Whether ``p`` leaves its group: ternary codes travel at their tensor's own scale."""
+        return self._pactrain.compressor(p).lanes is not None
 
     def _scale_factors(self) -> dict[str, float]:
-        raise NotImplementedError
+        return scale_factors(self.op == hvd.Average, self.gradient_predivide_factor)
 
     # -- hooks ----------------------------------------------------------------------------------
     def _take_over(self, p: torch.Tensor) -> None:
@@ -160,6 +220,7 @@ class HorovodEngine:
                 self._write_back(key, self._finish(key, handle, ctx))
         self._handles.clear()
         self._synchronized = True
+        self._pactrain.reduced()
 
     @staticmethod
     def _write_back(p: torch.Tensor, reduced: torch.Tensor) -> None:
@@ -186,3 +247,37 @@ class HorovodEngine:
         self.backward_passes_per_step = passes
         for p in self._delay:
             self._delay[p] = passes
+
+    def _reset_engine(self) -> None:
+        """Nothing in flight, nothing accumulated (a state dict is being loaded)."""
+        self._handles = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        self._pactrain.discard_step()
+        self.set_backward_passes_per_step(self.backward_passes_per_step)
+
+    # -- hvd.broadcast_optimizer_state's state initialisation -----------------------------------
+    def _is_state_initialisation(self) -> bool:
+        """``hvd.broadcast_optimizer_state`` on a rank whose optimizer has no state sets every gradient to
+        zeros and calls ``step()`` with no backward pass; Horovod makes that step local for its own wrapper
+        (other ranks never join it), so ours recognises it."""
+        return (not self._optimizer.state and not self._handles and not self._synchronized
+                and all(p.grad is not None and not p.grad.is_sparse and not p.grad.any()
+                        for group in self.param_groups for p in group["params"] if p.requires_grad))
+
+    @torch.no_grad()
+    def _initialise_state(self) -> None:
+        """The wrapped optimizer's step on zero gradients, locally: it creates the state (momentum, moments)
+        Horovod then overwrites with the root's. Weights are put back (Horovod's own wrapper lets weight decay
+        shrink them, on the resuming ranks only); the schedule does not move."""
+        parameters = [p for group in self.param_groups for p in group["params"]]
+        weights = [p.detach().clone() for p in parameters]
+        if isinstance(self._optimizer, torch.optim.SparseAdam):  # Horovod's special case, for its own class
+            for p in parameters:
+                if p.grad is not None:
+                    p.grad = p.grad.to_sparse()
+        self._optimizer.step()
+        for p, weight in zip(parameters, weights):
+            p.copy_(weight)
+            if self._pactrain.tracking:  # an entry for every parameter, so that the masks travel (see state_dict)
+                self._optimizer.state[p]  # noqa: B018

@@ -16,10 +16,10 @@ def broadcast_masks(optimizer: DistributedOptimizer, root_rank: int = 0) -> None
     """
     if not isinstance(optimizer, DistributedOptimizer):
         raise TypeError(f"broadcast_masks needs a pactrain_hvd.torch.DistributedOptimizer, got {type(optimizer).__name__}")
-    pruner, process_set = optimizer._pruner, optimizer.process_set
-    ternary = optimizer._ternary
-    scales = ternary.scale_vector(list(optimizer._parameters)) if ternary is not None else None
-    header = hvd.broadcast_object({"step": optimizer._step, "masked": sorted(pruner.masks), "scales": scales},
+    state, process_set = optimizer.pactrain_state, optimizer.process_set
+    pruner, ternary = state._pruner, state._ternary
+    scales = ternary.scale_vector(list(state._parameters)) if ternary is not None else None
+    header = hvd.broadcast_object({"step": state.step_count, "masked": sorted(pruner.masks), "scales": scales},
                                   root_rank, name="pactrain.masks_header", process_set=process_set)
     masks = {}
     for name in header["masked"]:
@@ -28,11 +28,8 @@ def broadcast_masks(optimizer: DistributedOptimizer, root_rank: int = 0) -> None
         flags = (local if local is not None else torch.ones_like(param, dtype=torch.bool)).to(torch.uint8)
         flags = hvd.broadcast(flags.cpu(), root_rank, name=f"pactrain.mask.{name}", process_set=process_set)
         masks[name] = flags.numpy().astype(np.bool_)
-    optimizer._step = int(header["step"])
-    optimizer._install_masks(masks)
-    if ternary is not None:
-        optimizer._hold_scales(header["scales"])
-    optimizer._verify_now()
+    state.adopt(header["step"], masks, header["scales"])
+    state.verify_now()
 
 
 def broadcast_optimizer_state(optimizer: DistributedOptimizer, root_rank: int = 0) -> None:
@@ -43,4 +40,4 @@ def broadcast_optimizer_state(optimizer: DistributedOptimizer, root_rank: int = 
         raise TypeError(f"broadcast_optimizer_state needs a pactrain_hvd.torch.DistributedOptimizer, "
                         f"got {type(optimizer).__name__}")
     hvd.broadcast_optimizer_state(optimizer, root_rank=root_rank)
-    optimizer._verify_now()
+    optimizer.pactrain_state.verify_now()

@@ -1,7 +1,7 @@
 """Ternary values for packed tensors: what each rank remembers between steps, and how they travel.
 
-GRACE's split: ``PacTrainCompressor.compress_ternary`` decides what to send, ``ErrorFeedback`` is the
-memory, ``TernaryReduction`` moves it. Each tensor's codes are rounded at a scale every rank already
+GRACE's split: ``PacTrainCompressor.compress_ternary`` decides what to send, ``ErrorFeedback``
+(``memory.py``) is the memory, ``TernaryReduction`` moves it. Each tensor's codes are rounded at a scale every rank already
 holds: the MAX over ranks of the previous step's ``|values|`` (identical everywhere, since it came from
 a collective). So the codes' SUM all-reduce starts from the gradient hook, as fp16 values do, with no
 blocking collective in between; beside it, an asynchronous MAX all-reduce of this step's ``|values|``
@@ -24,59 +24,7 @@ from pactrain_hvd.core import CheckpointError
 from pactrain_hvd.core.lanes import NOISE_SEED, LaneLayout
 from pactrain_hvd.torch.compression import PacTrainCompressor
 from pactrain_hvd.torch.lanes import stochastic_ternary
-
-
-class ErrorFeedback:
-    """Per tensor, the quantization error of the surviving values, added to the next step's values.
-
-    Residuals have the packed length (one per surviving coordinate): they are masked like the
-    gradient. When a mask changes, ``remap`` keeps the residual of the coordinates that survive.
-    A step's residuals are ``pending`` until the optimizer takes that step (``commit``): a step a
-    loss scaler skips leaves the memory as it was, so what was sent plus what is remembered stays
-    the sum of the gradients that were applied.
-    """
-
-    def __init__(self) -> None:
-        self.residuals: dict[str, torch.Tensor] = {}
-        self.pending: dict[str, torch.Tensor] = {}
-
-    def add(self, name: str, values: torch.Tensor) -> torch.Tensor:
-        residual = self.residuals.get(name)
-        return values if residual is None else values + residual
-
-    def store(self, name: str, values: torch.Tensor, dequantized: torch.Tensor) -> None:
-        """What rounding left out, pending; where that is not finite (an overflow: inf values, or a non-finite
-        scale) the old residual instead, so that the memory never turns NaN, even if that step is taken."""
-        previous = self.residuals.get(name)
-        fresh = values - dequantized
-        self.pending[name] = torch.where(torch.isfinite(fresh), fresh,
-                                         previous if previous is not None else torch.zeros_like(fresh))
-
-    def commit(self) -> None:
-        """The step was taken: its residuals become the memory."""
-        self.residuals.update(self.pending)
-        self.pending.clear()
-
-    def remap(self, name: str, old_indices: torch.Tensor | None, new_indices: torch.Tensor | None, numel: int) -> None:
-        """Move ``name``'s residual from the old surviving coordinates to the new ones (None: drop it)."""
-        residual = self.residuals.pop(name, None)
-        if residual is None or old_indices is None or new_indices is None:
-            return
-        dense = residual.new_zeros(numel)
-        dense.index_copy_(0, old_indices, residual)
-        self.residuals[name] = dense.index_select(0, new_indices)
-
-    def validate(self, residuals: Any, kept: dict[str, int]) -> dict[str, torch.Tensor]:
-        """Saved residuals, checked against the surviving counts of the masks they go with."""
-        if not isinstance(residuals, dict):
-            raise CheckpointError(f"ternary residuals must be a dict of name -> tensor, got {type(residuals).__name__}")
-        for name, residual in residuals.items():
-            if not (isinstance(residual, torch.Tensor) and residual.is_floating_point() and residual.dim() == 1):
-                raise CheckpointError(f"ternary residual of {name!r} must be a 1-D float tensor")
-            if residual.numel() != kept.get(name):
-                raise CheckpointError(f"ternary residual of {name!r} has {residual.numel()} values, its mask keeps "
-                                      f"{kept.get(name, 'no')} coordinates")
-        return residuals
+from pactrain_hvd.torch.memory import ErrorFeedback
 
 
 class NoiseSource:
@@ -159,7 +107,7 @@ class TernaryReduction:
         values = self.memory.add(name, compressor.gather(grad).float())
         local = values.abs().amax() if values.numel() else values.new_zeros(())
         # An overflow on any rank makes the MAX inf on every rank (Horovod's MAX may drop a NaN).
-        local = torch.where(torch.isfinite(values).all(), local, local.new_tensor(float("inf")))
+        local = torch.where(torch.isfinite(values).all(), local, torch.full_like(local, float("inf")))
         max_handle = allreduce_async_(local.reshape(1), name=f"{name}.pactrain.scale", op=hvd.Max,
                                       process_set=self.process_set)
         send = TernarySend(name, grad, compressor, values, float(self.layout.world_size) if average else 1.0,
@@ -182,7 +130,7 @@ class TernaryReduction:
         held = self.scales.get(send.name)
         self.scales[send.name] = torch.where(finite, step_max, held if held is not None else step_max.new_zeros(()))
         value_ctx, original = send.ctx
-        scale = torch.where(finite, value_ctx.scale, value_ctx.scale.new_tensor(float("nan")))
+        scale = torch.where(finite, value_ctx.scale, torch.full_like(value_ctx.scale, float("nan")))
         return send.compressor.decompress(summed, (value_ctx._replace(scale=scale), original))
 
     def _send_codes(self, send: TernarySend, scale: torch.Tensor) -> None:

@@ -28,7 +28,8 @@ def masks() -> dict:
 
 
 def describe() -> dict:
-    lanes = opt._ternary.layout.lanes if opt._ternary is not None else None  # int32 lanes per word
+    ternary = opt.pactrain_state._ternary
+    lanes = ternary.layout.lanes if ternary is not None else None  # int32 lanes per word
     return dict(opt_step=opt.step_count, masks=fingerprint(masks()), lanes=lanes)
 
 

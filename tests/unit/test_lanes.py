@@ -20,7 +20,7 @@ from pactrain_hvd.tensorflow import lanes as tf_lanes  # noqa: E402
 from pactrain_hvd.tensorflow import ternary as tf_ternary  # noqa: E402
 from pactrain_hvd.torch import PacTrainCompressor  # noqa: E402
 from pactrain_hvd.torch import lanes as torch_lanes  # noqa: E402
-from pactrain_hvd.torch.ternary import ErrorFeedback  # noqa: E402
+from pactrain_hvd.torch.memory import ErrorFeedback  # noqa: E402
 
 
 @pytest.mark.parametrize("world_size, width, lanes", [(1, 2, 15), (2, 3, 10), (3, 3, 10), (4, 4, 7), (8, 5, 6),

@@ -24,49 +24,11 @@ import tensorflow as tf
 from horovod.tensorflow.compression import Compression, Compressor
 
 from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY
-from pactrain_hvd.tensorflow.pruning import Prunable, backing_variable, build_optimizer
-from pactrain_hvd.tensorflow.state import PacTrainState, scale_gradient
-
-
-class LocalAggregation:
-    """``backward_passes_per_step``, as Horovod: gradients are summed locally, and every ``passes``-th call
-    the sums are reduced (one PacTrain step) and applied (divided by ``passes`` if ``average``); other calls
-    only count an optimizer iteration. ``counter`` (and the optimizer attribute ``_agg_helper``) are
-    Horovod's names: its tests read them."""
-
-    def __init__(self, passes: int, average: bool, sparse_as_dense: bool) -> None:
-        self.passes = passes
-        self.average = average
-        self.sparse_as_dense = sparse_as_dense
-        self._sums: dict[Any, tf.Variable] = {}
-        with tf.init_scope():
-            self.counter = tf.Variable(0, dtype=tf.int32, trainable=False, name="pactrain_aggregation_counter")
-
-    def add(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
-        """This pass's gradients added to the sums; the sums so far (``None`` where there is no gradient)."""
-        sums = []
-        for grad, variable in zip(grads, variables):
-            if isinstance(grad, tf.IndexedSlices):
-                if not self.sparse_as_dense:
-                    raise ValueError("backward_passes_per_step > 1 sums gradients locally, which needs dense ones: a "
-                                     "gradient is tf.IndexedSlices, pass sparse_as_dense=True")
-                grad = tf.convert_to_tensor(grad)
-            sums.append(None if grad is None else tf.convert_to_tensor(self._sum_of(variable, grad).assign_add(grad)))
-        return sums
-
-    def _sum_of(self, variable: Any, grad: tf.Tensor) -> tf.Variable:
-        key = backing_variable(variable).ref()
-        if key not in self._sums:
-            with tf.init_scope():
-                self._sums[key] = tf.Variable(tf.zeros(grad.shape, grad.dtype), trainable=False,
-                                              name="pactrain_aggregated_gradient")
-        return self._sums[key]
-
-    def clear(self) -> None:
-        """Zero (not subtract: an inf stays out of the next sums) and restart the count."""
-        for total in self._sums.values():
-            total.assign(tf.zeros_like(total))
-        self.counter.assign(0)
+from pactrain_hvd.tensorflow.engine import scale_gradient
+from pactrain_hvd.tensorflow.keras.gradient_aggregation import LocalAggregation
+from pactrain_hvd.tensorflow.keras.saving import keras_file_entry_class
+from pactrain_hvd.tensorflow.pruning import Prunable, build_optimizer
+from pactrain_hvd.tensorflow.state import PacTrainState
 
 
 class _LastReduction:
@@ -229,30 +191,6 @@ def _is_keras3_optimizer(optimizer_class: type) -> bool:
 
 
 @functools.cache
-def _keras_file_entry_class() -> type:
-    """Keras 3 writes every ``KerasSaveable`` attribute of the optimizer into ``.keras`` and
-    ``.weights.h5`` files: this one carries masks and schedule position there, under
-    ``optimizer/pactrain``. A plain Keras optimizer loading such a file never visits it."""
-    from keras.src.saving.keras_saveable import KerasSaveable  # Keras 3's (private) saving protocol
-
-    class PacTrainFileEntry(KerasSaveable):
-        def __init__(self, state: PacTrainState) -> None:
-            self._state = state
-
-        def _obj_type(self) -> str:
-            return "Optimizer"  # one of the kinds Keras accepts; it only selects attributes not to walk
-
-        def save_own_variables(self, store: Any) -> None:
-            store["state"] = np.frombuffer(self._state.serialize(), dtype=np.uint8)
-
-        def load_own_variables(self, store: Any) -> None:
-            if "state" in store.keys():
-                self._state.deserialize(np.asarray(store["state"]).tobytes())
-
-    return PacTrainFileEntry
-
-
-@functools.cache
 def _distributed_class(optimizer_class: type) -> type:
     """One subclass per optimizer class, named like it so saved models load without pactrain_hvd."""
     hooks = _Keras3Apply if _is_keras3_optimizer(optimizer_class) else _TfKerasApply
@@ -349,7 +287,7 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
         distributed._agg_helper = LocalAggregation(backward_passes_per_step, average_aggregated_gradients,
                                                    sparse_as_dense)
     if _is_keras3_optimizer(optimizer_class):
-        distributed.pactrain = _keras_file_entry_class()(state)  # and so do model.save / save_weights
+        distributed.pactrain = keras_file_entry_class()(state)  # and so do model.save / save_weights
         _agree_on_skipped_steps()
     state.optimizer = distributed
     return distributed

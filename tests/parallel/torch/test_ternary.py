@@ -37,15 +37,15 @@ def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
     loss_of(model, 0).backward()
     opt.step()  # step 0 prunes once; nothing was packed yet
     masks, layout = opt.masks(), ternary_layout(size)
-    ternary_names = sorted(name for name, p in opt._parameters.items() if opt._compressors[p].lanes is not None)
+    ternary_names = sorted(name for name, p in opt._parameters.items() if opt.pactrain_state._compressors[p].lanes is not None)
     assert ternary_names == [f"t{op}.conv2.weight", f"t{op}.fc.weight"]  # conv1 (432) stays dense
     assert opt.stats()["values"] == "ternary"
     for step in range(1, 5):
         twin = copy.deepcopy(model)
         loss_of(twin, step).backward()
         local = dict(zip(opt._parameters, (q.grad for _, q in sorted(twin.named_parameters()))))
-        residual_before = {name: opt._ternary.memory.residuals.get(name) for name in ternary_names}
-        held = {name: opt._ternary.scales.get(name) for name in ternary_names}
+        residual_before = {name: opt.pactrain_state._ternary.memory.residuals.get(name) for name in ternary_names}
+        held = {name: opt.pactrain_state._ternary.scales.get(name) for name in ternary_names}
         assert (held[ternary_names[0]] is None) == (step == 1), "a scale is held from the second packed step on"
         opt.zero_grad()
         loss_of(model, step).backward()
@@ -55,15 +55,15 @@ def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
         opt.synchronize()
         stats = opt.stats()
         for name in ternary_names:
-            p, compressor = opt._parameters[name], opt._compressors[opt._parameters[name]]
+            p, compressor = opt._parameters[name], opt.pactrain_state._compressors[opt._parameters[name]]
             indices = compressor.surviving_indices
             values = local[name].reshape(-1)[indices]
             if residual_before[name] is not None:
                 values = values + residual_before[name]
             step_max = hvd.allreduce(values.abs().max().reshape(1), op=hvd.Max, name=f"ref.scale.{name}")[0]
             scale = step_max if held[name] is None else held[name]
-            assert torch.equal(opt._ternary.scales[name], step_max), "the next scale is this step's MAX"
-            dequantized = values - opt._ternary.memory.pending[name]  # what this rank sent: t * scale (no step
+            assert torch.equal(opt.pactrain_state._ternary.scales[name], step_max), "the next scale is this step's MAX"
+            dequantized = values - opt.pactrain_state._ternary.memory.pending[name]  # what this rank sent: t * scale (no step
             # is taken here, so this residual stays pending and the next iteration starts from the same memory)
             ternary = torch.round(dequantized / scale)
             codes_ok = bool(torch.all(ternary.abs() <= 1)) and torch.allclose(ternary * scale, dequantized, atol=1e-6)
@@ -138,7 +138,7 @@ def test_ternary_memory_round_trips_and_a_misfit_residual_changes_nothing():
     saved = opt.state_dict()
     residuals = saved["pactrain"]["ternary"]["residuals"]
     assert saved["pactrain"]["ternary"]["rank"] == hvd.rank()
-    assert set(residuals) == {name for name, p in opt._parameters.items() if opt._compressors[p].lanes is not None}
+    assert set(residuals) == {name for name, p in opt._parameters.items() if opt.pactrain_state._compressors[p].lanes is not None}
     assert len(residuals) >= 2
     assert all(r.numel() == int(opt.masks()[name].sum()) for name, r in residuals.items())
 
@@ -154,13 +154,13 @@ def test_ternary_memory_round_trips_and_a_misfit_residual_changes_nothing():
     twin.load_state_dict(saved)
     assert twin.step_count == 3
     for name, residual in residuals.items():
-        assert torch.equal(twin._ternary.memory.residuals[name], residual), name
+        assert torch.equal(twin.pactrain_state._ternary.memory.residuals[name], residual), name
     other_rank = {**saved, "pactrain": {**saved["pactrain"], "ternary": {**saved["pactrain"]["ternary"], "rank": -1}}}
     model_c = make_model()
     fresh = pt.DistributedOptimizer(sgd(model_c), named_parameters=named(model_c, "mem"), packed_values="ternary",
                                     sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0)
     fresh.load_state_dict(other_rank)  # another rank's memory is not this rank's: start from none
-    assert fresh.step_count == 3 and fresh._ternary.memory.residuals == {}
+    assert fresh.step_count == 3 and fresh.pactrain_state._ternary.memory.residuals == {}
 
 
 def test_an_overflow_on_one_rank_skips_the_step_everywhere_and_leaves_the_error_memory_finite():
@@ -178,12 +178,12 @@ def test_an_overflow_on_one_rank_skips_the_step_everywhere_and_leaves_the_error_
         if step == 3 and hvd.rank() == 1:  # a surviving coordinate of a ternary tensor overflows, here only
             survivor = tuple(opt.masks()["amp.fc.weight"].nonzero()[0].tolist())
             loss = loss + model.fc.weight[survivor] * float("inf")
-        residuals = {n: r.clone() for n, r in opt._ternary.memory.residuals.items()}
+        residuals = {n: r.clone() for n, r in opt.pactrain_state._ternary.memory.residuals.items()}
         skipped.append(amp_step(model, opt, scaler, loss))
         if step == 3:
-            assert residuals and all(torch.equal(opt._ternary.memory.residuals[n], r) for n, r in residuals.items())
+            assert residuals and all(torch.equal(opt.pactrain_state._ternary.memory.residuals[n], r) for n, r in residuals.items())
     assert skipped == [False, False, False, True, False]
-    assert all(torch.isfinite(r).all() for r in opt._ternary.memory.residuals.values())
+    assert all(torch.isfinite(r).all() for r in opt.pactrain_state._ternary.memory.residuals.values())
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert_same_on_all_ranks(dict(model.named_parameters()))
 
@@ -206,7 +206,7 @@ def test_scales_loaded_on_one_rank_reach_every_rank_and_the_codes_leave_from_the
         opt.step()
     saved = {"model": copy.deepcopy(model.state_dict()), "optimizer": opt.state_dict()}
     scales = saved["optimizer"]["pactrain"]["ternary_scales"]
-    ternary = [name for name, p in opt._parameters.items() if opt._compressors[p].lanes is not None]
+    ternary = [name for name, p in opt._parameters.items() if opt.pactrain_state._compressors[p].lanes is not None]
     assert len(ternary) >= 2 and not scales.isnan().all()
     assert_same_on_all_ranks({"scales": scales.nan_to_num(-1)}, "held scales")  # NaN: no scale held
 
@@ -224,7 +224,7 @@ def test_scales_loaded_on_one_rank_reach_every_rank_and_the_codes_leave_from_the
     resumed.zero_grad()
     loss_of(resumed_model, 3).backward()
     for name in ternary:  # every rank asserts the same verdict (a rank that failed alone would leave the others waiting)
-        send, held = resumed._handles[resumed._parameters[name]][0], resumed._ternary.scales.get(name)
+        send, held = resumed._handles[resumed._parameters[name]][0], resumed.pactrain_state._ternary.scales.get(name)
         ok = send.words_handle is not None and torch.equal(held, scales[list(resumed._parameters).index(name)])
         assert all_true(ok, f"held.{broadcast}.{name}"), f"{name}: rank 0's scale is not held on every rank"
     resumed.step()

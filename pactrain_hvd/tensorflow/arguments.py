@@ -1,0 +1,54 @@
+"""Horovod's and PacTrain's arguments of ``PacTrainState``, checked before anything is created or communicated."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import horovod.tensorflow as hvd
+
+from pactrain_hvd.core import PacTrainConfig
+from pactrain_hvd.core.config import check_packed_values, reduce_op_name, require_initialized
+from pactrain_hvd.core.own_masks import schedule_sparsity
+from pactrain_hvd.tensorflow.own_masks import PendingMasks
+from pactrain_hvd.tensorflow.pruning import Prunable
+
+
+def _validate_groups(groups: Any) -> None:
+    if groups is None:
+        return
+    if isinstance(groups, bool) or not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
+        raise ValueError(f"groups should be a positive integer or a list of lists of tf.Variable, got {groups!r}")
+    if isinstance(groups, list) and not all(isinstance(group, (list, tuple)) for group in groups):
+        raise ValueError("groups given as a list must be a list of lists of tf.Variable")
+
+
+def checked_arguments(*, compression: Any, op: Any, gradient_predivide_factor: float, groups: Any, packed_values: str,
+                       process_set: Any, prunable: Prunable, sparsity: float, masks: Any, continue_pruning: bool,
+                       begin_step: int | None, end_step: int | None, frequency: int | None,
+                       total_steps: int | None, ranking: str, verify_every: int,
+                       pack_min_numel: int | None, pack_max_density: float | None,
+                       **_unchecked: Any) -> tuple[PacTrainConfig, PendingMasks | None]:
+    """``PacTrainState``'s arguments checked, before anything is created or communicated: its config and
+    given masks."""
+    config = PacTrainConfig.from_arguments(
+        sparsity=schedule_sparsity(sparsity, masks is not None, continue_pruning), begin_step=begin_step,
+        end_step=end_step, frequency=frequency, total_steps=total_steps, ranking=ranking, verify_every=verify_every,
+        pack_min_numel=pack_min_numel, pack_max_density=pack_max_density,
+    )
+    own_masks = PendingMasks(masks) if masks is not None else None
+    if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
+        raise TypeError(f"compression must be a Horovod Compressor such as hvd.Compression.fp16, "
+                        f"got {compression!r}")
+    op_name = reduce_op_name(hvd, op, gradient_predivide_factor)
+    _validate_groups(groups)
+    check_packed_values(packed_values, op_name, groups is not None)  # already read by packed_values_argument
+    if packed_values == "fp16" and groups is not None:
+        raise ValueError("packed_values='fp16' cannot be combined with groups in the TensorFlow frontend: a pruned "
+                         "tensor's plan, hence its wire dtype, is chosen when the step runs; "
+                         "compression=hvd.Compression.fp16 sends every tensor as fp16 and works with groups")
+    if not isinstance(process_set, hvd.ProcessSet):
+        raise TypeError(f"process_set must be a horovod ProcessSet, got {type(process_set).__name__}")
+    if prunable is not None and isinstance(prunable, str):
+        raise TypeError("prunable must be a predicate or a list of name patterns, not a single string")
+    require_initialized(hvd, "pactrain_hvd.tensorflow.PacTrainState")
+    return config, own_masks

@@ -1,0 +1,223 @@
+"""Horovod's TF all-reduce calls, per tensor by the plan's codec: the communicator of ``PacTrainState``.
+
+What upstream's ``_make_allreduce_grads_fn`` does (compress, all-reduce, grouped as Horovod would,
+decompress; sparse gradients allgathered), except that a pruned tensor's codec is its
+``PacTrainCompressor``, which reads its mask and plan from variables. With ``packed_values`` fp16 or
+ternary, a pruned tensor's packed values travel another way than its dense ones, so it takes a
+``tf.cond`` on its plan. A mixin of ``PacTrainState`` (``state.py``), whose attributes it reads.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+from horovod.common.util import split_list
+from horovod.tensorflow.compression import Compressor
+
+from pactrain_hvd.core.config import scale_factors
+from pactrain_hvd.tensorflow.compression import PACKED, PacTrainCompressor
+from pactrain_hvd.tensorflow.pruning import backing_variable, build_optimizer, communicates
+
+_Reduced = tuple[tf.Tensor, tf.Tensor]  # a reduced gradient and the bytes its tensor put on the wire
+
+
+class HorovodEngine:
+    """The reduction of one step's gradients: ``reduce`` (binding new variables, maintenance when due,
+    the all-reduces, the step counter)."""
+
+    @tf.autograph.experimental.do_not_convert
+    def reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
+        """All-reduce ``grads`` of ``variables`` (pruned ones packed) and advance the schedule one step.
+
+        Eagerly, maintenance runs here in Python and the communication in a cached
+        ``tf.function`` (as Horovod does); inside a traced function both become graph ops.
+        """
+        if len(grads) != len(variables):
+            raise ValueError(f"got {len(grads)} gradients for {len(variables)} variables")
+        grads = list(grads)
+        shared = [i for i, v in enumerate(variables) if backing_variable(v).ref() not in self._local]
+        bound = len(self._names)
+        positions = self.bind([variables[i] for i in shared])
+        if len(self._names) > bound:  # slots are cleared by ops traced before the optimizer's: create them now
+            with tf.init_scope():
+                build_optimizer(self.optimizer, variables)
+        shared_grads = [grads[i] for i in shared]
+        self._refuse_sparse_pruned(shared_grads, positions)
+        if not tf.executing_eagerly():
+            reduced = self._communicate(shared_grads, positions, maintain=True)
+        else:
+            step = self.step_count
+            if self._maintenance_due(step):
+                self._maintain(step)
+            reduced = self._communicate_eagerly(shared_grads, positions, maintain=False)
+        local = sorted(set(range(len(grads))) - set(shared))
+        for i, grad in zip(shared, reduced):
+            grads[i] = grad
+        size = self._group_size() if local else 1
+        if self.scale_local_gradients and size > 1:
+            for i in local:
+                grads[i] = None if grads[i] is None else scale_gradient(grads[i], 1.0 / size)
+        return grads
+
+    def on_every_rank(self, flag: Any) -> tf.Tensor:
+        """Whether ``flag`` holds on every rank this state reduces with (one int all-reduce); ``flag`` itself
+        where nothing is communicated. For decisions all ranks must take alike, such as skipping a step."""
+        flag = tf.convert_to_tensor(flag, tf.bool)
+        if not communicates(self.process_set):
+            return flag
+        agreed = hvd.allreduce(tf.cast(flag, tf.int32), op=hvd.Min, name="pactrain.on_every_rank",
+                               process_set=self.process_set)
+        return tf.cast(agreed, tf.bool)
+
+    def _refuse_sparse_pruned(self, grads: list[Any], positions: tuple[int, ...]) -> None:
+        """Before maintenance and communication: a prunable variable's gradient must be dense."""
+        if self.sparse_as_dense:
+            return
+        for grad, position in zip(grads, positions):
+            name = self._names[position]
+            if isinstance(grad, tf.IndexedSlices) and name in self._compressors:
+                raise ValueError(f"variable {name!r} has a sparse gradient (tf.IndexedSlices): pass "
+                                 "sparse_as_dense=True (packing needs dense gradients)")
+
+    def _communicate(self, grads: list[Any], positions: tuple[int, ...], maintain: bool) -> list[Any]:
+        self.traces += 1
+        with tf.name_scope("PacTrain"):
+            dependencies = []
+            if maintain:
+                step = self._step.read_value()
+                changed = tf.cond(self._maintenance_due(step),
+                                  lambda: tf.ensure_shape(tf.py_function(self._maintain_in_graph, [step], tf.bool), []),
+                                  lambda: tf.constant(False))
+                # Zeroing is done by graph ops, not in the py_function: TF's automatic control
+                # dependencies order them after this step's reads of the weights and before the
+                # optimizer's update of weights and slots, which a py_function's writes are not.
+                with tf.control_dependencies([changed]):
+                    dependencies.append(tf.cond(changed, self._zero_pruned, lambda: tf.constant(False)))
+            with tf.control_dependencies(dependencies):
+                reduced, sent = self._allreduce(grads, positions)
+                record = self._sent_bytes.assign(tf.stack(sent))
+            with tf.control_dependencies([record]):
+                self._step.assign_add(1)
+        return reduced
+
+    def _allreduce(self, grads: list[Any], positions: tuple[int, ...]) -> tuple[list[Any], list[tf.Tensor]]:
+        """Compress, reduce (grouped as Horovod would), decompress; also the bytes each tensor put on the wire."""
+        sent: list[tf.Tensor] = [tf.constant(-1, tf.int64)] * len(self._names)
+        reduced: list[Any] = list(grads)
+        communicating = communicates(self.process_set)
+        dense: list[tuple[int, tf.Tensor, Compressor]] = []
+        for index, (grad, position) in enumerate(zip(grads, positions)):
+            if grad is None:
+                continue
+            name = self._names[position]
+            compressor = self._compressors.get(name, self.compression)
+            if isinstance(grad, tf.IndexedSlices):
+                if not self.sparse_as_dense:
+                    if communicating:
+                        reduced[index], sent[position] = self._allgather_sparse(grad)
+                    continue
+                grad = tf.convert_to_tensor(grad)
+            if not communicating:  # as Horovod: the local gradient (pruned here: zero where masked)
+                pruned = isinstance(compressor, PacTrainCompressor)
+                reduced[index] = tf.where(compressor.mask, grad, tf.zeros_like(grad)) if pruned else grad
+                continue
+            self._dense_bytes[position] = self._pruner.variables[name].shape.num_elements() * grad.dtype.size
+            dense.append((index, grad, compressor))
+        plain, by_plan = [], []
+        for item in dense:
+            (by_plan if self.packed_values != "inherit" and isinstance(item[2], PacTrainCompressor) else plain).append(item)
+        with tf.device(self.device_dense):
+            wires, contexts = [], []
+            for index, grad, compressor in plain:
+                wire, ctx = compressor.compress(grad)
+                wires.append(wire)
+                contexts.append(ctx)
+                sent[positions[index]] = tf.size(wire, tf.int64) * wire.dtype.size
+            outputs = self._reduce_wires(wires, [positions[i] for i, _, _ in plain])
+            for (index, _, compressor), output, ctx in zip(plain, outputs, contexts):
+                reduced[index] = compressor.decompress(output, ctx)
+            if by_plan:
+                results = self._reduce_by_plan([(positions[index], grad, c) for index, grad, c in by_plan])
+                for (index, _, _), (output, size) in zip(by_plan, results):
+                    reduced[index], sent[positions[index]] = output, size
+        return reduced, sent
+
+    def _reduce_by_plan(self, items: list[tuple[int, tf.Tensor, PacTrainCompressor]]) -> list[_Reduced]:
+        """``packed_values`` fp16 or ternary: a pruned tensor's packed values travel another way than its dense
+        ones, and its plan is known only when the step runs, so each takes a ``tf.cond`` on its plan
+        (every rank the same branch: the plans agree). Returns (reduced gradient, bytes sent) each."""
+        results = []
+        for position, grad, compressor in items:
+            if self._ternary is not None:
+                packed = functools.partial(self._ternary.allreduce, self._names[position], compressor, grad,
+                                           self.op == hvd.Average, grad.dtype, self._wire_name("ternary", position))
+            else:
+                packed = functools.partial(self._reduce_packed, position, grad, compressor)
+            plain = functools.partial(self._reduce_plain, position, grad, compressor)
+            results.append(tf.cond(tf.equal(compressor.plan, PACKED), packed, plain))
+        return results
+
+    def _reduce_packed(self, position: int, grad: tf.Tensor, compressor: PacTrainCompressor) -> _Reduced:
+        """Surviving values as ``_packed_compression`` says (fp16)."""
+        wire, ctx = self._packed_compression.compress(compressor.survivors(grad))
+        output = hvd.allreduce(wire, name=self._wire_name("packed", position), **self._reduce_arguments())
+        values = self._packed_compression.decompress(output, ctx)
+        return compressor.unpack(values), tf.size(wire, tf.int64) * wire.dtype.size
+
+    def _reduce_plain(self, position: int, grad: tf.Tensor, compressor: PacTrainCompressor) -> _Reduced:
+        """As ``compression`` says, whatever the plan (here: not packed)."""
+        wire, ctx = compressor.compress(grad)
+        output = hvd.allreduce(wire, name=self._wire_name("plain", position), **self._reduce_arguments())
+        return compressor.decompress(output, ctx), tf.size(wire, tf.int64) * wire.dtype.size
+
+    def _wire_name(self, kind: str, position: int) -> str:
+        """A Horovod name per tensor: ops in ``tf.cond`` branches are not uniquified by TF as ops of one graph are."""
+        return f"pactrain_{kind}_" + re.sub("[^a-zA-Z0-9_]", "_", self._names[position])
+
+    def _reduce_arguments(self) -> dict[str, Any]:
+        return dict(op=self.op, process_set=self.process_set,
+                    **scale_factors(self.op == hvd.Average, self.gradient_predivide_factor))
+
+    def _reduce_wires(self, wires: list[tf.Tensor], positions: list[int]) -> list[tf.Tensor]:
+        if not wires:
+            return wires
+        common = self._reduce_arguments()
+        if self.groups is None:
+            return [hvd.allreduce(wire, **common) for wire in wires]
+        outputs: list[Any] = [None] * len(wires)
+        for members in self._group(positions):
+            grouped = hvd.grouped_allreduce([wires[i] for i in members], **common)
+            for i, output in zip(members, grouped):
+                outputs[i] = output
+        return outputs
+
+    def _group(self, positions: list[int]) -> list[list[int]]:
+        """Split wire indices into Horovod groups: ``groups`` chunks, or by the given variable lists."""
+        if isinstance(self.groups, int):
+            return [members for members in split_list(list(range(len(positions))), self.groups) if members]
+        group_of = {}
+        for number, group in enumerate(self.groups):
+            for variable in group:
+                group_of[self._positions.get(backing_variable(variable).ref())] = number
+        grouped: dict[Any, list[int]] = {}
+        for i, position in enumerate(positions):
+            grouped.setdefault(group_of.get(position, ("alone", i)), []).append(i)
+        return list(grouped.values())
+
+    def _allgather_sparse(self, grad: tf.IndexedSlices) -> tuple[tf.IndexedSlices, tf.Tensor]:
+        """Unpruned sparse gradients travel as Horovod sends them: values and indices allgathered."""
+        with tf.device(self.device_sparse):
+            reduced = hvd.allreduce(grad, op=self.op, compression=self.compression, process_set=self.process_set)
+        sent = sum(tf.size(part, tf.int64) * part.dtype.size for part in (grad.values, grad.indices))
+        return reduced, sent
+
+
+def scale_gradient(grad: Any, factor: Any) -> Any:
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
+    return grad * factor

@@ -1,0 +1,60 @@
+"""``DistributedOptimizer``'s arguments, checked as Horovod checks them, before anything is created or communicated."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import horovod.torch as hvd
+import torch
+
+from pactrain_hvd.core import PacTrainConfig
+from pactrain_hvd.core.config import check_packed_values, reduce_op_name, require_initialized
+from pactrain_hvd.core.own_masks import schedule_sparsity
+
+# Horovod's torch all-reduce carries fp16/fp32/fp64 gradients (bf16 travels as fp32, see compression.py);
+# complex gradients it rejects mid-step ("Tensor type torch.ComplexFloatTensor is not supported").
+_REDUCIBLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def checked_parameters(optimizer: torch.optim.Optimizer, named: Iterable | None) -> dict[str, torch.Tensor]:
+    """The optimizer's parameters by name, in name order (the same on every rank). Names are validated
+    exactly as Horovod does; names of parameters the optimizer does not hold are ignored, as there
+    (fine-tuning: ``SGD(model.head.parameters())`` with ``model.named_parameters()``)."""
+    optimized = [p for group in optimizer.param_groups for p in group["params"]]
+    if named is None:
+        return {f"allreduce.noname.{i}.{j}": p for i, g in enumerate(optimizer.param_groups) for j, p in enumerate(g["params"])}
+    pairs = list(named)
+    if any(not isinstance(pair, tuple) or len(pair) != 2 for pair in pairs):
+        raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, usually model.named_parameters()")
+    names = [name for name, _ in pairs]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"parameter names in named_parameters must be unique; duplicates: {', '.join(duplicates)}")
+    named_ids = {id(p) for _, p in pairs}
+    unnamed = [i for i, p in enumerate(optimized) if id(p) not in named_ids]
+    if unnamed:
+        raise ValueError(f"named_parameters was given, but optimizer parameters at positions {unnamed} are not named")
+    optimized_ids = {id(p) for p in optimized}
+    parameters = dict(sorted(((name, p) for name, p in pairs if id(p) in optimized_ids), key=lambda pair: pair[0]))
+    for name, p in parameters.items():  # refused here, not half-way through a backward pass
+        if p.requires_grad and p.dtype not in _REDUCIBLE_DTYPES:
+            raise TypeError(f"parameter {name!r} has dtype {p.dtype}: Horovod all-reduces float16, bfloat16 (as float32), "
+                            "float32 and float64 gradients; convert it or set requires_grad=False")
+    return parameters
+
+
+def checked_arguments(*, backward_passes_per_step: Any, op: Any, gradient_predivide_factor: float, groups: Any,
+                      packed_values: str, sparsity: float, masks: Any, continue_pruning: bool,
+                      **schedule_and_plan: Any) -> PacTrainConfig:
+    """The PacTrain config; ``packed_values`` as ``core.config.packed_values_argument`` read it."""
+    config = PacTrainConfig.from_arguments(sparsity=schedule_sparsity(sparsity, masks is not None, continue_pruning),
+                                           **schedule_and_plan)
+    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) or backward_passes_per_step <= 0:
+        raise ValueError(f"backward_passes_per_step must be an int > 0, got {backward_passes_per_step!r}")
+    op_name = reduce_op_name(hvd, op, gradient_predivide_factor)
+    if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
+        raise ValueError("groups should be a positive integer or a list of lists of torch.Tensor")
+    check_packed_values(packed_values, op_name, groups is not None)
+    require_initialized(hvd, "pactrain_hvd.torch.DistributedOptimizer")
+    return config

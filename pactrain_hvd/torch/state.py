@@ -1,0 +1,256 @@
+"""``PacTrainState``: what persists between a torch ``DistributedOptimizer``'s steps.
+
+The torch mirror of ``pactrain_hvd.tensorflow.PacTrainState``: schedule position, masks (by the
+``Pruner``), the packing plan (a ``PacTrainCompressor`` per parameter), ternary memory and held
+scales, Mask Tracker bookkeeping and wire accounting. It holds no Horovod handles and never
+all-reduces gradients (that is ``engine.py``); the only collectives it makes are the Mask
+Tracker's. Checkpoint format: ``checkpoint.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+from horovod.torch.compression import Compression, Compressor
+
+from pactrain_hvd.core import PacTrainConfig, StepStats, TensorStats, should_pack
+from pactrain_hvd.core.config import packed_encoding
+from pactrain_hvd.core.lanes import ternary_layout
+from pactrain_hvd.torch.compression import PacTrainCompressor
+from pactrain_hvd.torch.own_masks import resolve_masks, sync_prune_buffers, warn_if_torch_pruned
+from pactrain_hvd.torch.pruning import Prunable, Pruner, host_masks, select_prunable, zero_stays_zero
+from pactrain_hvd.torch.ternary import TernaryReduction
+
+
+class PacTrainState:
+    """Schedule position, masks, packing plan, ternary memory and wire accounting of one optimizer.
+
+    ``pt.DistributedOptimizer`` makes one from its arguments (``config``: the checked PacTrain
+    settings; ``masks``: the user's own, see ``core.own_masks``) and exposes it as
+    ``opt.pactrain_state``; the optimizer's ``step_count``, ``masks()``, ``stats()`` and
+    ``set_masks()`` are this object's. ``verify()`` runs the Mask Tracker now (a collective call:
+    every rank of the process set makes it).
+
+    Example::
+
+        >>> opt = pt.DistributedOptimizer(opt, named_parameters=model.named_parameters(), sparsity=0.9)
+        >>> state = opt.pactrain_state
+        >>> state.step_count, state.stats()["sparsity"], sorted(state.masks())
+        >>> state.verify()   # on every rank: raises MaskMismatchError on every rank if masks differ
+    """
+
+    def __init__(self, parameters: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer, config: PacTrainConfig,
+                 *, prunable: Prunable = None, masks: dict[str, Any] | torch.nn.Module | None = None,
+                 compression: type[Compressor] = Compression.none, packed_values: str = "inherit",
+                 process_set: hvd.ProcessSet = hvd.global_process_set) -> None:
+        self.config = config
+        self.process_set = process_set
+        self.packed_values = packed_values
+        self._parameters = parameters
+        self._names = {p: name for name, p in parameters.items()}
+        self._optimizer = optimizer
+        own_masks, self._prune_buffers = resolve_masks(masks, self._names) if masks is not None else ({}, {})
+        if masks is None:
+            warn_if_torch_pruned(self._names)
+        prunable_names = sorted(own_masks) if own_masks and prunable is None else select_prunable(parameters, prunable)
+        self._pruner = Pruner(parameters, prunable_names, config.schedule, config.ranking, process_set)
+        self._step = 0
+        # Horovod's rule: a rank communicates if it is in the process set and there is someone to talk to.
+        self.communicating = process_set.included() and (hvd.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
+        # Masks can differ only where some are pruned; then every rank proves them at its first step (every
+        # rank knows that step: a mask set or loaded on one rank alone is caught there, not a hang).
+        self.tracking = bool(prunable_names) and (config.sparsity > 0 or bool(own_masks))
+        self._checks_masks = self.tracking and self.communicating
+        self._verify_pending = self._checks_masks
+        self._exported: dict | None = None  # the tensors last handed out by export(), see _adopt_exported
+        self._zero_stays_zero = zero_stays_zero(optimizer)
+        self._weights_unmasked = False  # masks changed without zeroing the weights (adopted mid-backward)
+        self._stats = StepStats()
+        layout = ternary_layout(process_set.size()) if packed_values == "ternary" else None
+        self._ternary = TernaryReduction(layout, process_set) if layout is not None else None
+        self._compression = compression
+        self._packed_compression = Compression.fp16 if packed_values in ("fp16", "ternary") else compression
+        self._compressors: dict[torch.Tensor, PacTrainCompressor] = {}
+        self.rebuild_plan()
+        if own_masks:
+            self.set_masks(own_masks)  # validated; proven equal on all ranks before the first all-reduce
+
+    # -- what users read ------------------------------------------------------------------------
+    @property
+    def step_count(self) -> int:
+        """Optimizer steps taken: the schedule position."""
+        return self._step
+
+    def masks(self) -> dict[str, torch.Tensor]:
+        """``{parameter name: bool mask}`` for every pruned parameter (copies)."""
+        return {name: mask.clone() for name, mask in self._pruner.masks.items()}
+
+    def stats(self) -> dict:
+        """The last step's wire bytes (sent and dense-equivalent), bits per packed value, per-tensor density and plan.
+
+        ``values`` says how packed values travelled: ``"ternary"``, or ``"fp16"`` when ternary fell
+        back (too many ranks for 3 lanes per word), else as the ``packed_values`` argument.
+        """
+        encoding = packed_encoding(self.packed_values, self._ternary is not None)
+        return dict(self._stats.as_dict(), sparsity=self._pruner.sparsity(), values=encoding)
+
+    def set_masks(self, masks: dict[str, Any]) -> None:
+        """Replace the masks (bool tensors or arrays by parameter name); local, no communication.
+
+        Ranks prove they agree at the first step, then every ``verify_every`` steps.
+        """
+        self.install_masks(self._pruner.validate(host_masks(masks)))
+
+    def verify(self) -> None:
+        """Mask Tracker, now: a collective call that raises ``MaskMismatchError`` on every rank."""
+        self._pruner.verify(self._step)
+
+    # -- masks and plan ---------------------------------------------------------------------------
+    def adopt(self, step: int, masks: dict[str, np.ndarray], scales: torch.Tensor | None = None,
+              zero_weights: bool = True) -> None:
+        """Take another rank's or a checkpoint's schedule position, masks and (ternary) held scales;
+        ``scales`` None: none held."""
+        self._step = int(step)
+        self.install_masks(masks, zero_weights)
+        if self._ternary is not None:
+            self._ternary.hold_scales(list(self._parameters), scales if scales is not None
+                                      else torch.full((len(self._parameters),), float("nan")), self._devices())
+
+    def install_masks(self, masks: dict[str, np.ndarray], zero_weights: bool = True) -> None:
+        self._exported = None
+        self._weights_unmasked |= not zero_weights
+        self._pruner.install(masks, zero_weights)
+        self._after_mask_change()
+
+    def _after_mask_change(self) -> None:
+        self._pruner.clear_optimizer_state(self._optimizer.state)
+        sync_prune_buffers(self._prune_buffers, self._pruner.masks)
+        self.rebuild_plan()
+
+    def rebuild_plan(self) -> None:
+        """Per tensor: packed, dense-masked or untouched. Same masks, so same plan on every rank."""
+        cfg = self.config
+        previous, self._compressors = self._compressors, {}
+        for name, p in self._parameters.items():
+            mask = self._pruner.masks.get(name)
+            packed = mask is not None and should_pack(p.numel(), int(mask.sum()), cfg.pack_min_numel, cfg.pack_max_density)
+            lanes = self._ternary.layout if packed and self._ternary is not None else None
+            self._compressors[p] = PacTrainCompressor(mask, self._packed_compression if packed else self._compression,
+                                                      packed=packed, lanes=lanes)
+            if self._ternary is not None and p in previous:
+                self._ternary.memory.remap(name, previous[p].surviving_indices,
+                                           self._compressors[p].surviving_indices if lanes else None, p.numel())
+
+    def compressor(self, p: torch.Tensor) -> PacTrainCompressor:
+        return self._compressors[p]
+
+    def follow_world_size(self) -> None:
+        """Ternary lane width and the average's divisor follow the world size (Horovod elastic changes it)."""
+        size = self.process_set.size()
+        if size == self._ternary.layout.world_size:
+            return
+        layout = ternary_layout(size)
+        if layout is None:
+            raise RuntimeError(f"packed_values='ternary': the world size changed to {size}, where lanes no longer "
+                               "pay; recreate the optimizer with packed_values='fp16'")
+        self._ternary.layout = layout
+        for compressor in self._compressors.values():
+            if compressor.lanes is not None:
+                compressor.lanes = layout
+
+    # -- the Mask Tracker ---------------------------------------------------------------------------
+    def adopt_and_verify(self) -> None:
+        """Before the step's first communication: take state Horovod broadcast into ``export()``'s
+        tensors, then run a Mask Tracker check that every rank has due at this step."""
+        self._adopt_exported()
+        if self._verify_pending:
+            self._pruner.verify(self._step)
+            self._verify_pending = False
+
+    def verify_now(self) -> None:
+        """After a collective call every rank makes (broadcasts, elastic sync): the check is due everywhere."""
+        self._verify_pending = self._checks_masks
+        self.adopt_and_verify()
+
+    # -- a step ----------------------------------------------------------------------------------
+    def before_update(self) -> bool:
+        """After the reduction, before the wrapped optimizer's update: the schedule's mask update if due
+        (this step's gradients were reduced under the old masks, so they are masked again). Returns
+        whether the weights need re-masking after the update."""
+        if self._ternary is not None:
+            self._ternary.memory.commit()  # this step is taken (a loss scaler that skips it never calls step)
+        self.adopt_and_verify()
+        remask = not self._zero_stays_zero or self._weights_unmasked or self.config.verifies_at(self._step)
+        if self.config.schedule.is_update_step(self._step):
+            self._pruner.update(self._step, verify=self.communicating)
+            self._after_mask_change()
+            self._pruner.mask_gradients()
+        elif not self.communicating:
+            self._pruner.mask_gradients()  # nothing packed them: pruned weights still get no update
+        return remask
+
+    def after_update(self, remask: bool) -> None:
+        """After the update: pruned weights back to 0 where it could have moved them; the schedule advances."""
+        if remask:  # (a mask change zeroed the weights itself)
+            self._pruner.apply_to_weights()
+            self._weights_unmasked = False
+        self._step += 1
+        if self._checks_masks and self.config.verifies_at(self._step):
+            self._verify_pending = True  # checked before the next step's first all-reduce
+
+    def discard_step(self) -> None:
+        """The step in flight is abandoned (a state dict is loaded): its ternary residuals are not kept."""
+        if self._ternary is not None:
+            self._ternary.memory.pending.clear()
+
+    def reduced(self) -> None:
+        """The step's gradients are reduced: ``stats()`` describes this step."""
+        if self.communicating:
+            self._stats.step = self._step
+
+    # -- wire accounting ---------------------------------------------------------------------------
+    def record(self, p: torch.Tensor, sent_bytes: int) -> None:
+        compressor = self._compressors[p]
+        numel = p.numel()
+        self._stats.tensors[self._names[p]] = TensorStats(
+            numel=numel, kept=numel if compressor.kept is None else compressor.kept, packed=compressor.packed,
+            sent_bytes=sent_bytes, dense_bytes=numel * p.element_size())
+
+    # -- what Horovod's broadcast_optimizer_state carries (see checkpoint.py) ------------------------
+    def export(self) -> dict:
+        """The PacTrain state as tensors: a uint8 mask per prunable tensor (all kept where none) and the
+        schedule position, and ternary's held scales. Kept so that what ``hvd.broadcast_optimizer_state``
+        writes into them in place reaches this state (``_adopt_exported``)."""
+        names = self._pruner.prunable_names if self.tracking else sorted(self._pruner.masks)
+        masks = {name: (self._pruner.masks[name].to(torch.uint8).cpu() if name in self._pruner.masks
+                        else torch.ones(self._parameters[name].shape, dtype=torch.uint8)) for name in names}
+        self._exported = {"step": torch.tensor([self._step], dtype=torch.int64), "masks": masks}
+        if self._ternary is not None:  # and its snapshot: only a change made by a broadcast is adopted
+            scales = self._ternary.scale_vector(list(self._parameters))
+            self._exported.update(scales=scales, scales_as_exported=scales.clone())
+        return self._exported
+
+    def _adopt_exported(self) -> None:
+        """Local: if the exported tensors changed (Horovod broadcast another rank's state into them), take it.
+        Weights are not touched: they came with ``hvd.broadcast_parameters``, and autograd may be reading them."""
+        exported, self._exported = self._exported, None
+        if exported is None:
+            return
+        if "scales" in exported and not torch.equal(exported["scales"].nan_to_num(-1),
+                                                    exported["scales_as_exported"].nan_to_num(-1)):
+            self._ternary.hold_scales(list(self._parameters), exported["scales"], self._devices())
+        step = int(exported["step"][0])
+        masks = host_masks(exported["masks"], flags=True)
+        held = {name: mask.cpu().numpy() for name, mask in self._pruner.masks.items()}
+        if step == self._step and masks.keys() >= held.keys() and all(
+                np.array_equal(mask, held[name]) if name in held else mask.all() for name, mask in masks.items()):
+            return
+        self._step = step
+        self.install_masks(self._pruner.validate(masks), zero_weights=False)
+
+    def _devices(self) -> dict[str, torch.device]:
+        return {name: p.device for name, p in self._parameters.items()}
