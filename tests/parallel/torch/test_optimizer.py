@@ -307,3 +307,24 @@ def test_pt_broadcast_optimizer_state_is_local_and_does_not_count_a_step():
     assert_same_on_all_ranks({n: m.to(torch.uint8) for n, m in opt.masks().items()}, "masks")
     assert_same_on_all_ranks({f"{n}.{k}": v for n, p in opt._parameters.items()
                               for k, v in opt.state[p].items() if torch.is_tensor(v)}, "state")
+
+
+def test_pactrain_state_is_the_optimizers_state_and_verifies_on_demand():
+    """``opt.pactrain_state`` (torch's explicit state, as TF's) answers for the optimizer; ``verify()`` is the
+    Mask Tracker now, on every rank."""
+    model = make_model()
+    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, "state"), sparsity=0.5, ranking="layer",
+                                  begin_step=0, end_step=0, verify_every=0)
+    train(model, opt, 2)
+    state = opt.pactrain_state
+    assert isinstance(state, pt.PacTrainState) and state.step_count == opt.step_count == 2
+    assert state.masks().keys() == opt.masks().keys() and all(
+        torch.equal(mask, opt.masks()[name]) for name, mask in state.masks().items())
+    assert state.stats() == opt.stats()
+    state.verify()  # the same masks: no error, on either rank
+    masks = state.masks()
+    if hvd.rank() == 1:
+        masks["state.fc.weight"] = masks["state.fc.weight"].flip(1)
+    state.set_masks(masks)
+    with pytest.raises(pt.MaskMismatchError, match=r"'state.fc.weight': ranks \[1\] differ"):
+        state.verify()
