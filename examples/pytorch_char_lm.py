@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import pactrain_hvd.torch as pt
-from pactrain_hvd.core.masks import DEFAULT_RANKING, RANKINGS
+from pactrain_hvd.example_support.cli import add_pactrain_arguments, schedule_arguments
 from pactrain_hvd.example_support.data import (
     CharVocab,
     load_bible_text,
@@ -61,15 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="fp16 values on the wire (hvd.Compression.fp16)")
     parser.add_argument("--dense-embeddings", action="store_true",
                         help="prune only the decoder blocks: embeddings and output head stay dense")
-    parser.add_argument("--packed-values", choices=("inherit", "fp16", "ternary"), default="inherit",
-                        help="how PacTrain sends packed (surviving) values; inherit leaves them to --fp16")
-    parser.add_argument("--sparsity", type=float, default=0.9, help="final PacTrain sparsity; 0 is plain Horovod")
-    parser.add_argument("--ranking", choices=RANKINGS, default=DEFAULT_RANKING,
-                        help="how sparsity is spread: per tensor, Erdős-Rényi-Kernel shares, or one global threshold")
-    parser.add_argument("--prune-begin", type=int, default=None, help="first pruning step (default: 10%% of the run)")
-    parser.add_argument("--prune-end", type=int, default=None, help="last pruning step (default: 60%% of the run)")
-    parser.add_argument("--prune-frequency", type=int, default=None,
-                        help="steps between mask updates (default: ten updates between begin and end)")
+    add_pactrain_arguments(parser)
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps in all")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per worker")
     parser.add_argument("--no-cuda", action="store_true", help="train on CPU even where CUDA is available")
@@ -261,8 +253,7 @@ def main(argv: list[str] | None = None) -> dict:
     compression = hvd.Compression.fp16 if args.fp16 else hvd.Compression.none
     # The PacTrain line: was hvd.DistributedOptimizer(optimizer, named_parameters=..., compression=...).
     optimizer = pt.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), compression=compression,
-                                        sparsity=args.sparsity, total_steps=total_steps, begin_step=args.prune_begin,
-                                        end_step=args.prune_end, frequency=args.prune_frequency,
+                                        sparsity=args.sparsity, **schedule_arguments(args, total_steps),
                                         packed_values=args.packed_values, ranking=args.ranking, prunable=["blocks.*"] if args.dense_embeddings else None)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)

@@ -16,7 +16,7 @@ about 8 minutes a run at 2 workers on 2 cores) and a 5 M-parameter char-GPT (one
     .venv/bin/python scripts/accuracy.py
 
 A report grows in parts: runs already in ``--out``'s ``results.json`` are kept, not run again.
-One change at a time against the default (``--rankings``, ``--values``; the dense run happens once)::
+One change at a time against the default (``--rankings``, ``--values``, ``--windows``; the dense run happens once)::
 
     .venv/bin/python scripts/accuracy.py --tasks image --sparsities 0 0.9 --rankings layer erk global
 
@@ -38,11 +38,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pactrain_hvd.core.masks import DEFAULT_RANKING, RANKINGS
+from pactrain_hvd.core.schedule import RUN_WINDOW
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The report's value labels say what travels (its runs leave compression off unless --fp16); the
 # examples take the library's packed_values, where "inherit" (as compression says) is fp32 here.
 PACKED_VALUES_FLAG = {"fp32": "inherit"}
+# The product's pruning window for ``total_steps=``, as fractions of the run (``core.schedule.RUN_WINDOW``).
+DEFAULT_WINDOW = "-".join(f"{f:g}" for f in RUN_WINDOW)
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="PacTrain packed-value encodings to compare (the examples' --packed-values; fp32: inherit)")
     parser.add_argument("--rankings", nargs="+", choices=RANKINGS, default=[DEFAULT_RANKING],
                         help="how sparsity is spread over tensors (the examples' --ranking)")
+    parser.add_argument("--windows", nargs="+", type=window_argument, default=[DEFAULT_WINDOW],
+                        help="pruning windows BEGIN-END as fractions of the run (the examples' --prune-window)")
     parser.add_argument("--out", default=str(REPO_ROOT / "reports" / "accuracy"), help="report folder")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds allowed per run")
     return parser.parse_args(argv)
@@ -95,11 +100,24 @@ class Run:
     values: str
     ranking: str
     seed: int
+    window: str = DEFAULT_WINDOW
 
     @property
     def name(self) -> str:
         variant = "".join(f"-{v}" for v, default in ((self.values, "fp32"), (self.ranking, "layer")) if v != default)
+        variant += f"-w{self.window}" if self.window != DEFAULT_WINDOW else ""
         return f"{self.task.name}-s{self.sparsity:g}{variant}-seed{self.seed}"
+
+
+def window_argument(text: str) -> str:
+    """``BEGIN-END`` fractions of the run, normalised (``0.10-0.6`` -> ``0.1-0.6``)."""
+    try:
+        first, last = (float(part) for part in text.split("-"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a window is BEGIN-END, fractions of the run, got {text!r}") from None
+    if not 0 <= first <= last <= 1:
+        raise argparse.ArgumentTypeError(f"a window needs 0 <= BEGIN <= END <= 1, got {text!r}")
+    return f"{first:g}-{last:g}"
 
 
 # -- running --------------------------------------------------------------------------------------
@@ -118,6 +136,8 @@ def example_args(run: Run, args: argparse.Namespace, result_json: Path) -> list[
              "--seed", str(run.seed), "--result-json", str(result_json), "--logdir="]
     if args.fp16:
         flags.append("--fp16")
+    if run.window != DEFAULT_WINDOW:
+        flags += ["--prune-window", *run.window.split("-")]
     if run.task.name == "image":
         flags += ["--epochs", str(args.epochs)] + (["--max-steps", str(args.max_steps)] if args.max_steps else [])
     else:
@@ -132,8 +152,9 @@ def planned_runs(args: argparse.Namespace) -> list[Run]:
     runs = []
     for name in args.tasks:
         for sparsity in args.sparsities:
-            variants = [("fp32", "layer")] if sparsity == 0 else [(v, r) for r in args.rankings for v in args.values]
-            runs += [Run(TASKS[name], sparsity, v, r, seed) for v, r in variants for seed in args.seeds]
+            variants = ([("fp32", "layer", DEFAULT_WINDOW)] if sparsity == 0 else
+                        [(v, r, w) for w in args.windows for r in args.rankings for v in args.values])
+            runs += [Run(TASKS[name], sparsity, v, r, seed, w) for v, r, w in variants for seed in args.seeds]
     return runs
 
 
@@ -166,7 +187,7 @@ def run_one(run: Run, args: argparse.Namespace, out: Path) -> dict:
             returncode = "timeout"
     seconds = time.perf_counter() - started
     base = {"name": run.name, "task": run.task.name, "sparsity_target": run.sparsity, "values": run.values, "ranking": run.ranking,
-            "seed": run.seed, "launcher_seconds": seconds, "log": str(log_path)}
+            "window": run.window, "seed": run.seed, "launcher_seconds": seconds, "log": str(log_path)}
     if returncode != 0 or not result_json.is_file():
         tail = log_path.read_text(errors="replace").splitlines()[-15:]
         print(f"[accuracy] {run.name} FAILED ({returncode}); last lines of {log_path}:\n  " + "\n  ".join(tail),
@@ -182,11 +203,12 @@ def run_one(run: Run, args: argparse.Namespace, out: Path) -> dict:
 
 # -- reporting ------------------------------------------------------------------------------------
 def settings_of(run: dict) -> tuple:
-    return run["task"], run["sparsity_target"], run.get("values", "fp32"), run.get("ranking", "layer")
+    return (run["task"], run["sparsity_target"], run.get("values", "fp32"), run.get("ranking", "layer"),
+            run.get("window", DEFAULT_WINDOW))
 
 
 def grouped(runs: list[dict], task: Task) -> dict[tuple, list[dict]]:
-    """Finished runs of ``task`` by setting (sparsity, values, ranking), seeds together, in run order."""
+    """Finished runs of ``task`` by setting (sparsity, values, ranking, window), seeds together, in run order."""
     groups: dict[tuple, list[dict]] = {}
     for run in runs:
         if run["task"] == task.name and "error" not in run:
@@ -200,14 +222,14 @@ def mean(values: list[float]) -> float:
 
 def markdown_table(runs: list[dict], task: Task) -> str:
     groups = grouped(runs, task)
-    dense = groups.get((0.0, "fp32", "layer"))
+    dense = groups.get((0.0, "fp32", "layer", DEFAULT_WINDOW))
     dense_metric = mean([r[task.metric] for r in dense]) if dense else None
     parameters = next((r["parameters"] for g in groups.values() for r in g if "parameters" in r), None)
     lines = [f"### {task.label}", "", f"{parameters:,} parameters." if parameters else "", "",
-             f"| sparsity | ranking | values | reached | {task.metric} (mean) | per seed | vs dense | "
+             f"| sparsity | ranking | values | window | reached | {task.metric} (mean) | per seed | vs dense | "
              "sent MB/run | kB/step, final masks | dense kB/step | train s (mean) |",
-             "|---:|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
-    for (sparsity, values, ranking), group in groups.items():
+             "|---:|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for (sparsity, values, ranking, window), group in groups.items():
         metric = mean([r[task.metric] for r in group])
         if dense_metric is None:
             delta = "n/a"
@@ -221,7 +243,7 @@ def markdown_table(runs: list[dict], task: Task) -> str:
         per_step = [r["final_bytes_per_step"] for r in exact or group if r.get("final_bytes_per_step")]
         dense_per_step = mean([r["dense_bytes"] / r["steps"] for r in group])
         lines.append(
-            f"| {sparsity:g} | {ranking} | {values} | {mean([r['sparsity'] for r in group]):.3f} | {metric:.4f} | "
+            f"| {sparsity:g} | {ranking} | {values} | {window} | {mean([r['sparsity'] for r in group]):.3f} | {metric:.4f} | "
             + ", ".join(f"{r[task.metric]:.4f}" for r in group) + f" | {delta} | "
             f"{mean([r['sent_bytes'] for r in group]) / 1e6:.0f} | "
             + (f"{mean(per_step) / 1e3:.0f}" if per_step else "n/a")
@@ -240,7 +262,7 @@ def write_markdown(path: Path, runs: list[dict], settings: dict) -> None:
         + f"; language: {settings['lm_epochs']} epoch"
         + (f" (at most {settings['lm_max_steps']} steps)" if settings["lm_max_steps"] else "")
         + f", the example's recipe (AdamW beta2 0.99, warm-up over 5 % then cosine, clipping at norm 1); `--fp16`: {settings['fp16']}. Pruning runs from 10 % to 60 % of the steps "
-        "(`total_steps=`, the default window).", "",
+        "(`total_steps=`, the default window) unless the *window* column says otherwise.", "",
         "*sent MB/run*: bytes each worker handed to the all-reduce over the run; *kB/step, final masks*: the same "
         "per step in the last epoch; *dense kB/step*: a dense all-reduce of every gradient; *train s*: the "
         "example's training-loop time.", "",
@@ -259,8 +281,8 @@ def write_plot(path: Path, runs: list[dict], task_names: list[str]) -> None:
     for axis, name in zip(axes[0], task_names):
         task = TASKS[name]
         groups = grouped(runs, task)
-        dense = groups.get((0.0, "fp32", "layer"), [])
-        for variant in dict.fromkeys((values, ranking) for (s, values, ranking) in groups if s > 0):
+        dense = groups.get((0.0, "fp32", "layer", DEFAULT_WINDOW), [])
+        for variant in dict.fromkeys(tuple(rest) for (s, *rest) in groups if s > 0):
             points = {s: g for (s, *rest), g in groups.items() if tuple(rest) == variant}
             points.update({0.0: dense} if dense else {})
             xs = sorted(points)

@@ -22,6 +22,21 @@ def test_plan_runs_dense_once_per_seed_and_every_variant_per_seed():
     assert flags[flags.index("--seed") + 1] == "1" and flags[flags.index("--packed-values") + 1] == "inherit"
 
 
+def test_a_window_other_than_the_default_is_a_variant_with_its_own_flag_and_row():
+    args = accuracy.parse_args(["--tasks", "image", "--sparsities", "0", "0.9", "--seeds", "1",
+                                "--windows", "0-0.30", "0.1-0.6"])
+    runs = accuracy.planned_runs(args)
+    assert [run.name for run in runs] == ["image-s0-seed1", "image-s0.9-erk-w0-0.3-seed1", "image-s0.9-erk-seed1"]
+    flags = accuracy.example_args(runs[1], args, Path("r.json"))
+    assert flags[flags.index("--prune-window") + 1:flags.index("--prune-window") + 3] == ["0", "0.3"]
+    assert "--prune-window" not in accuracy.example_args(runs[2], args, Path("r.json"))
+    with pytest.raises(SystemExit):
+        accuracy.parse_args(["--windows", "0.6-0.1"])
+    table = accuracy.markdown_table([made_up(0.0, 1, 0.92), dict(made_up(0.9, 1, 0.91), window="0-0.3")],
+                                    accuracy.TASKS["image"])
+    assert "| 0.9 | layer | fp32 | 0-0.3 | 0.900 | 0.9100 | 0.9100 | -1.00 pp |" in table
+
+
 def made_up(sparsity, seed, metric, ranking="layer"):
     return {"task": "image", "sparsity_target": sparsity, "values": "fp32", "ranking": ranking, "seed": seed,
             "sparsity": sparsity, "test_accuracy": metric, "sent_bytes": 4e6, "dense_bytes": 8e6, "steps": 4,

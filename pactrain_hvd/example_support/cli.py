@@ -1,0 +1,34 @@
+"""The PacTrain flags the torch examples share, and the schedule they ask for."""
+
+from __future__ import annotations
+
+import argparse
+
+from pactrain_hvd.core.masks import DEFAULT_RANKING, RANKINGS
+
+
+def add_pactrain_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--packed-values", choices=("inherit", "fp16", "ternary"), default="inherit",
+                        help="how PacTrain sends packed (surviving) values; inherit leaves them to --fp16")
+    parser.add_argument("--sparsity", type=float, default=0.9, help="final PacTrain sparsity; 0 is plain Horovod")
+    parser.add_argument("--ranking", choices=RANKINGS, default=DEFAULT_RANKING,
+                        help="how sparsity is spread: per tensor, Erdős-Rényi-Kernel shares, or one global threshold")
+    parser.add_argument("--prune-begin", type=int, default=None, help="first pruning step (default: 10%% of the run)")
+    parser.add_argument("--prune-end", type=int, default=None, help="last pruning step (default: 60%% of the run)")
+    parser.add_argument("--prune-window", type=float, nargs=2, default=None, metavar=("BEGIN", "END"),
+                        help="first and last pruning step as fractions of the run (instead of --prune-begin/-end)")
+    parser.add_argument("--prune-frequency", type=int, default=None,
+                        help="steps between mask updates (default: ten updates between begin and end)")
+
+
+def schedule_arguments(args: argparse.Namespace, total_steps: int) -> dict[str, int | None]:
+    """``pt.DistributedOptimizer``'s schedule arguments for a run of ``total_steps`` optimizer steps."""
+    begin, end = args.prune_begin, args.prune_end
+    if args.prune_window is not None:
+        if begin is not None or end is not None:
+            raise SystemExit("--prune-window replaces --prune-begin and --prune-end: give one or the other")
+        first, last = args.prune_window
+        if not 0 <= first <= last <= 1:
+            raise SystemExit(f"--prune-window needs 0 <= BEGIN <= END <= 1, got {first} {last}")
+        begin, end = int(first * total_steps), int(last * total_steps)
+    return {"total_steps": total_steps, "begin_step": begin, "end_step": end, "frequency": args.prune_frequency}

@@ -1,0 +1,31 @@
+"""The examples' PacTrain flags (pactrain_hvd/example_support/cli.py) become the schedule they ask for."""
+
+import argparse
+
+import pytest
+
+from pactrain_hvd.core import PacTrainConfig
+from pactrain_hvd.example_support.cli import add_pactrain_arguments, schedule_arguments
+
+
+def parsed(*argv):
+    parser = argparse.ArgumentParser()
+    add_pactrain_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_no_flags_leave_the_schedule_to_total_steps():
+    schedule = PacTrainConfig.from_arguments(**schedule_arguments(parsed(), 1000)).schedule
+    assert (schedule.begin_step, schedule.end_step, schedule.frequency) == (100, 600, 50)
+
+
+def test_a_window_is_fractions_of_the_run_and_keeps_ten_updates():
+    schedule = PacTrainConfig.from_arguments(**schedule_arguments(parsed("--prune-window", "0", "0.3"), 1407)).schedule
+    assert (schedule.begin_step, schedule.end_step, schedule.frequency) == (0, 422, 42)
+
+
+@pytest.mark.parametrize("argv", [("--prune-window", "0", "0.3", "--prune-end", "50"),
+                                  ("--prune-window", "0.5", "0.2")])
+def test_a_window_with_steps_or_backwards_is_refused(argv):
+    with pytest.raises(SystemExit, match="--prune-window"):
+        schedule_arguments(parsed(*argv), 1000)
