@@ -154,3 +154,37 @@ def test_values_is_the_deprecated_name_of_packed_values():
     model, sgd = model_and_sgd()
     with pytest.raises(ValueError, match="give packed_values= or the deprecated values=, not both"):
         pt.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), packed_values="fp16", values="fp16")
+
+
+@pytest.mark.parametrize("make_inner", [
+    lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-3),
+    lambda params: torch.optim.Adam(params, lr=1e-2),
+    lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.05),
+], ids=["sgd-momentum-wd", "adam", "adamw"])
+def test_clearing_state_at_newly_pruned_coordinates_changes_no_surviving_weight(make_inner, monkeypatch):
+    """The optimizer-state question of the accuracy issue, answered exactly: for per-coordinate optimizers a
+    coordinate's state moves only that coordinate, so keeping it (and re-zeroing pruned weights after every
+    step instead) trains the same survivors bitwise. Clearing is what lets the re-zeroing pass be skipped."""
+    def train(keep_state):
+        model, _ = model_and_sgd()
+        opt = pt.DistributedOptimizer(make_inner(model.parameters()), named_parameters=model.named_parameters(),
+                                      sparsity=0.8, begin_step=0, end_step=30, frequency=10)
+        if keep_state:
+            monkeypatch.setattr(opt.pactrain_state._pruner, "clear_optimizer_state", lambda state: None)
+            opt.pactrain_state._zero_stays_zero = False  # re-zero pruned weights after every step
+        generator = torch.Generator().manual_seed(3)
+        for _ in range(40):
+            inputs, labels = torch.randn(32, 64, generator=generator), torch.randint(0, 2, (32,), generator=generator)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(inputs), labels).backward()
+            opt.step()
+        state = [v for p in model.parameters() for v in opt.state[p].values() if torch.is_tensor(v) and v.dim()]
+        return dict(model.named_parameters()), opt.masks(), state
+
+    weights, masks, cleared_state = train(keep_state=False)
+    kept_weights, kept_masks, kept_state = train(keep_state=True)
+    assert masks.keys() == kept_masks.keys() and all(torch.equal(masks[n], kept_masks[n]) for n in masks)
+    for name, p in weights.items():
+        assert torch.equal(p, kept_weights[name]), f"{name}: survivors differ"
+    assert sum(int(s.count_nonzero()) for s in kept_state) > sum(int(s.count_nonzero()) for s in cleared_state), \
+        "the kept run does hold state at pruned coordinates"
