@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from pactrain_hvd.core import CheckpointError, check_saved_world_size, saved_by_this_rank, while_running
-from pactrain_hvd.torch.pruning import host_masks
+from pactrain_hvd.torch.pruning import Pruner, host_masks
 from pactrain_hvd.torch.state import PacTrainState
 
 _MASK_KEY, _STEP_KEY, _SCALES_KEY = "pactrain.mask", "pactrain.step", "pactrain.scales"
@@ -70,15 +70,7 @@ def without_pactrain(state_dict: dict) -> tuple[dict, Any]:
 
 def validated(state: PacTrainState, pactrain: Any) -> SavedState:
     """``pactrain`` checked against ``state``'s parameters, world size and codec; ``CheckpointError`` if it does not fit."""
-    if not isinstance(pactrain, dict) or not {"step", "masks"} <= set(pactrain):
-        raise CheckpointError("the 'pactrain' entry of the optimizer state dict needs 'step' and 'masks'")
-    step = pactrain["step"]
-    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
-        raise CheckpointError(f"checkpoint 'pactrain' step must be an int >= 0, got {step!r}")
-    try:
-        masks = state._pruner.validate(host_masks(pactrain["masks"], flags=True))
-    except (TypeError, ValueError) as error:
-        raise CheckpointError(f"checkpoint does not fit this model: {error}") from error
+    step, masks = saved_step_and_masks(state._pruner, pactrain, "the 'pactrain' entry of the optimizer state dict")
     current = while_running(state.process_set.size)
     if current is not None:
         check_saved_world_size(pactrain.get("world_size"), current)
@@ -89,7 +81,20 @@ def validated(state: PacTrainState, pactrain: Any) -> SavedState:
         count = len(state._parameters)
         if scales is not None and (not isinstance(scales, torch.Tensor) or scales.shape != (count,)):
             raise CheckpointError(f"checkpoint 'ternary_scales' must be a tensor of {count} values, one per parameter")
-    return SavedState(int(step), masks, scales, saved_ternary)
+    return SavedState(step, masks, scales, saved_ternary)
+
+
+def saved_step_and_masks(pruner: Pruner, saved: Any, what: str) -> tuple[int, dict[str, np.ndarray]]:
+    """The schedule position and masks of ``saved`` (``what``, in messages), checked against ``pruner``'s tensors."""
+    if not isinstance(saved, dict) or not {"step", "masks"} <= set(saved):
+        raise CheckpointError(f"{what} needs 'step' and 'masks'")
+    step = saved["step"]
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+        raise CheckpointError(f"checkpoint step must be an int >= 0, got {step!r}")
+    try:
+        return int(step), pruner.validate(host_masks(saved["masks"], flags=True))
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"checkpoint does not fit this model: {error}") from error
 
 
 def _saved_ternary(state: PacTrainState, saved: Any, masks: dict[str, np.ndarray]) -> dict | None:

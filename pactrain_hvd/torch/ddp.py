@@ -24,7 +24,6 @@ could have moved them, and the schedule advances. A step a loss scaler skips is 
 """
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations as objects.
-import numbers
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -37,10 +36,11 @@ from torch.nn.parallel import DistributedDataParallel
 from pactrain_hvd.core import CheckpointError, PacTrainConfig, StepStats, TensorStats, should_pack
 from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY, packed_values_argument
 from pactrain_hvd.core.lanes import LaneLayout, ternary_layout
+from pactrain_hvd.torch.checkpoint import saved_step_and_masks
 from pactrain_hvd.torch.compression import fills_storage, storage_view
 from pactrain_hvd.torch.lanes import decode, encode, stochastic_ternary
 from pactrain_hvd.torch.memory import ErrorFeedback
-from pactrain_hvd.torch.pruning import Prunable, Pruner, TableExchange, host_masks, select_prunable, zero_stays_zero
+from pactrain_hvd.torch.pruning import Prunable, Pruner, TableExchange, select_prunable, zero_stays_zero
 
 _NOISE_SEED = 0xDD9  # ternary rounding noise: drawn per (rank, step, parameter), see _rounding_noise
 
@@ -180,15 +180,7 @@ class PacTrainHookState:
 
     def load_state_dict(self, state: dict) -> None:
         """Masks and schedule position; validated before anything changes. Local: load it on every rank."""
-        if not isinstance(state, dict) or not {"step", "masks"} <= set(state):
-            raise CheckpointError("a PacTrainHookState state dict needs 'step' and 'masks'")
-        step = state["step"]
-        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
-            raise CheckpointError(f"checkpoint step must be an int >= 0, got {step!r}")
-        try:
-            masks = self._pruner.validate(host_masks(state["masks"], flags=True))
-        except (TypeError, ValueError) as error:
-            raise CheckpointError(f"checkpoint does not fit this model: {error}") from error
+        step, masks = saved_step_and_masks(self._pruner, state, "a PacTrainHookState state dict")
         ternary = state.get("ternary")
         if ternary is not None and not (isinstance(ternary, dict) and {"rank", "residuals"} <= set(ternary)):
             raise CheckpointError("the 'ternary' entry needs 'rank' and 'residuals'")
@@ -196,7 +188,7 @@ class PacTrainHookState:
         if self.lanes is not None and ternary is not None and ternary["rank"] == self._rank:  # this rank's own
             kept = {name: int(masks[name].sum()) if name in masks else p.numel() for name, p in self.parameters.items()}
             residuals = self.memory.validate(ternary["residuals"], kept)
-        self._step = int(step)
+        self._step = step
         self._install(masks)
         if residuals is not None:
             self.memory.residuals = {name: r.to(self.parameters[name].device) for name, r in residuals.items()}
