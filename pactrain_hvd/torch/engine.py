@@ -33,8 +33,9 @@ _HOOK_OWNERS = WeakTensorKeyDictionary()
 
 
 class HorovodEngine:
-    """The hook / delay / group machinery. Before ``_start_engine`` the subclass sets ``op``,
-    ``process_set``, ``backward_passes_per_step``, ``gradient_predivide_factor`` and ``sparse_as_dense``."""
+    """The hook / delay / group machinery. Before ``_start_engine`` the subclass sets ``_optimizer`` (the
+    wrapped one), ``op``, ``process_set``, ``backward_passes_per_step``, ``gradient_predivide_factor`` and
+    ``sparse_as_dense``."""
 
     def _start_engine(self, state: PacTrainState, groups: int | list[list[torch.Tensor]] | None) -> None:
         self._pactrain = state
