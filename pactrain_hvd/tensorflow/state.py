@@ -73,7 +73,6 @@ def state_arguments(**kwargs: Any) -> dict[str, Any]:
     return dict(bound.arguments)
 
 
-
 class PacTrainState(HorovodEngine, tf.train.experimental.PythonState):
     """What persists between steps: schedule position, masks, packing plan, wire accounting.
 
