@@ -110,9 +110,8 @@ def main() -> None:
     # The plan at the target sparsity, from magnitude masks of the weights, exactly as PacTrain installs it.
     prunable = {n: v.numpy() for n, v in zip(names, variables) if default_prunable(n, v)}
     masks = magnitude_masks(prunable, args.sparsity)
-    compressors = {}
-    for name, mask in masks.items():
-        compressors[name] = pt.PacTrainCompressor(mask, packed=should_pack(mask.size, int(mask.sum())))
+    packed = {name: should_pack(mask.size, int(mask.sum())) for name, mask in masks.items()}
+    compressors = {name: pt.PacTrainCompressor(mask, packed=packed[name]) for name, mask in masks.items()}
     grads = gradients()
 
     @tf.function(autograph=False)
@@ -129,7 +128,6 @@ def main() -> None:
 
     pack_seconds = seconds_per_call(pack_unpack, grads, repeats=args.repeats * 5)
 
-    packed = [name for name, mask in masks.items() if should_pack(mask.size, int(mask.sum()))]
     wire_bytes = sum(int(compressor.compress(grad)[0].shape.num_elements()) * grad.dtype.size
                      for name, grad in zip(names, grads) if (compressor := compressors.get(name)) is not None)
     result = {
@@ -138,7 +136,7 @@ def main() -> None:
         "batch_size": args.batch_size,
         "threads": args.threads,
         "sparsity": args.sparsity,
-        "packed_tensors": len(packed),
+        "packed_tensors": sum(packed.values()),
         "masked_tensors": len(masks),
         "step_ms": round(step_seconds * 1e3, 2),
         "pack_unpack_ms": round(pack_seconds * 1e3, 3),

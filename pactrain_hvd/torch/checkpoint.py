@@ -74,13 +74,13 @@ def validated(state: PacTrainState, pactrain: Any) -> SavedState:
     current = while_running(state.process_set.size)
     if current is not None:
         check_saved_world_size(pactrain.get("world_size"), current)
-    ternary, scales = state._ternary, None
-    saved_ternary = _saved_ternary(state, pactrain.get("ternary"), masks) if ternary is not None else None
-    if ternary is not None:
-        scales = pactrain.get("ternary_scales")
-        count = len(state._parameters)
-        if scales is not None and (not isinstance(scales, torch.Tensor) or scales.shape != (count,)):
-            raise CheckpointError(f"checkpoint 'ternary_scales' must be a tensor of {count} values, one per parameter")
+    if state._ternary is None:
+        return SavedState(step, masks, None, None)
+    saved_ternary = _saved_ternary(state, pactrain.get("ternary"), masks)
+    scales = pactrain.get("ternary_scales")
+    count = len(state._parameters)
+    if scales is not None and (not isinstance(scales, torch.Tensor) or scales.shape != (count,)):
+        raise CheckpointError(f"checkpoint 'ternary_scales' must be a tensor of {count} values, one per parameter")
     return SavedState(step, masks, scales, saved_ternary)
 
 
