@@ -73,8 +73,13 @@ def concurrent_bound(args: argparse.Namespace, workload: str, workers: int, proc
     run_concurrently(processes, commands, [out.with_suffix(".log") for out in outs], args.timeout,
                      f"compute bound for {workload}")
     ranks = [json.loads(out.read_text()) for out in outs]
-    step_s = statistics.median(statistics.median(r["step_s"][2:] or r["step_s"]) for r in ranks)
-    return {"workers": workers, "step_s": step_s, "samples_per_s": workers * ranks[0]["batch_size"] / step_s}
+
+    def median(series: list[float]) -> float:  # over ranks of each rank's median past the first two steps
+        return statistics.median(statistics.median(s[2:] or s) for s in series)
+
+    step_s = median([r["step_s"] for r in ranks])
+    return {"workers": workers, "step_s": step_s, "samples_per_s": workers * ranks[0]["batch_size"] / step_s,
+            **{f"{phase}_s": median([r["phases_s"][phase] for r in ranks]) for phase in ("compute", "update")}}
 
 
 def run_method(args: argparse.Namespace, topology: Topology | Loopback, processes: Processes, workload: str,

@@ -23,7 +23,6 @@ import json
 import math
 import os
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ from torch.utils.data.distributed import DistributedSampler
 from pactrain_hvd.bench import ddp_methods
 from pactrain_hvd.bench.methods import parse_method
 from pactrain_hvd.bench.timing import PhaseClock
-from pactrain_hvd.bench.worker import make_distributed_optimizer, nic_counters
+from pactrain_hvd.bench.worker import make_distributed_optimizer, nic_counters, train_step
 from pactrain_hvd.example_support.data import (
     CharVocab,
     load_bible_text,
@@ -153,29 +152,33 @@ def main(argv: list[str] | None = None) -> int:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, workload.lr_factor(args.steps))
     spec = parse_method(args.method)
     trainer, forward, reporter = optimizer, model, None  # reporter: what has PacTrain's stats()
+    clock = PhaseClock()
     if spec.frontend == "ddp" and not args.compute_only:  # Horovod still evaluates; DDP trains
         ddp_methods.join(rank, size)
         forward, reporter = ddp_methods.wrap(spec, model, optimizer, args.steps)
     elif not args.compute_only:
-        trainer = reporter = make_distributed_optimizer(spec, optimizer, model, PhaseClock(), total_steps=args.steps)
+        trainer = reporter = make_distributed_optimizer(spec, optimizer, model, clock, total_steps=args.steps)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     device = args.device if args.device and Path("/sys/class/net", args.device).exists() else ""
     tx = (lambda: nic_counters(device)["tx_bytes"]) if device else (lambda: 0)
     tx_start, train_s, curve, step_s, losses = tx(), 0.0, [], [], []
-    for step in range(1, args.steps + 1):
-        started = time.perf_counter()
+    phases: dict[str, list[float]] = {}  # per step: compute / compress / comm_wait / update seconds
+    synchronizes = trainer is not optimizer  # Horovod's optimizer: synchronize(), then step
+    clip = ((lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), workload.clip_norm))
+            if workload.clip_norm else None)
+
+    def compute_loss() -> torch.Tensor:
         inputs, targets = workload.next_batch()
-        trainer.zero_grad()
-        loss = workload.loss(forward(inputs), targets)
-        loss.backward()
-        if workload.clip_norm:
-            example("pytorch_char_lm").clipped_step(trainer, model.parameters(), workload.clip_norm)
-        else:
-            trainer.step()
+        return workload.loss(forward(inputs), targets)
+
+    for step in range(1, args.steps + 1):
+        times, loss, _ = train_step(compute_loss, trainer, clock, synchronizes, before_update=clip)
         scheduler.step()
-        step_s.append(time.perf_counter() - started)
+        step_s.append(times.total)
         train_s += step_s[-1]
-        losses.append(loss.item())
+        losses.append(loss)
+        for phase in ("compute", "compress", "comm_wait", "update"):
+            phases.setdefault(phase, []).append(getattr(times, phase))
         if not args.compute_only and (step % args.eval_every == 0 or step == args.steps):
             metric = workload.evaluate(f"tta.eval.{step}")
             model.train()
@@ -188,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {"workload": args.workload, "method": args.method, "metric": workload.metric, "rank": rank, "size": size,
               "steps": len(step_s), "planned_steps": args.steps, "budget_s": args.budget_s,
               "batch_size": workload.samples_per_step, "seed": args.seed, "curve": curve,
-              "step_s": step_s, "train_s": train_s, "losses": losses[:: max(1, len(losses) // 50)],
+              "step_s": step_s, "phases_s": phases, "train_s": train_s, "losses": losses[:: max(1, len(losses) // 50)],
               "parameters": sum(p.numel() for p in model.parameters()),
               "sparsity": stats["sparsity"] if stats else 0.0, "compute_only": args.compute_only}
     Path(args.out).write_text(json.dumps(record) + "\n")

@@ -18,6 +18,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import horovod.torch as hvd
@@ -93,9 +94,10 @@ def payload_bytes(spec: MethodSpec, distributed, model: torch.nn.Module) -> dict
     return distributed.payload()
 
 
-def train_step(model_name: str, model: torch.nn.Module, optimizer, inputs: torch.Tensor, targets: torch.Tensor,
-               clock: PhaseClock, distributed: bool, device: str = "") -> tuple[StepTimes, float, dict | None]:
-    """Forward, backward, (synchronize), update, with the time of each phase.
+def train_step(compute_loss: Callable[[], torch.Tensor], optimizer, clock: PhaseClock, distributed: bool,
+               device: str = "", before_update: Callable[[], None] | None = None
+               ) -> tuple[StepTimes, float, dict | None]:
+    """Forward (``compute_loss``), backward, (synchronize), ``before_update`` (e.g. clipping), update, timed.
 
     With ``device``, also the bytes the NIC sent during the forward pass: no method has a
     tensor in flight then, so that is Horovod's control traffic (its background loop
@@ -105,7 +107,7 @@ def train_step(model_name: str, model: torch.nn.Module, optimizer, inputs: torch
     start = time.perf_counter()
     tx_start = tx_bytes(device) if device else 0
     optimizer.zero_grad()
-    loss = loss_fn(model_name, model(inputs), targets)
+    loss = compute_loss()
     forward_window = {"seconds": time.perf_counter() - start, "tx_bytes": tx_bytes(device) - tx_start} if device else None
     loss.backward()
     backward_done = time.perf_counter()
@@ -114,10 +116,14 @@ def train_step(model_name: str, model: torch.nn.Module, optimizer, inputs: torch
         optimizer.synchronize()
         synchronized = time.perf_counter()
         compress_in_synchronize = clock.take()
+        if before_update:
+            before_update()
         with optimizer.skip_synchronize():
             optimizer.step()
     else:
         synchronized, compress_in_synchronize = backward_done, 0.0
+        if before_update:
+            before_update()
         optimizer.step()
     updated = time.perf_counter()
     times = StepTimes.from_marks(start, backward_done, synchronized, updated, compress_in_backward, compress_in_synchronize)
@@ -146,6 +152,7 @@ def run(args: argparse.Namespace) -> dict:
     generator = torch.Generator().manual_seed(args.seed * 1000 + rank)
     inputs, targets = synthetic_batch(args.model, args.batch_size, generator)
     synchronizes = spec is not None and not on_ddp
+    compute_loss = lambda: loss_fn(args.model, forward(inputs), targets)  # noqa: E731
     step_optimizer = distributed if synchronizes else optimizer
 
     def fence() -> None:
@@ -156,12 +163,11 @@ def run(args: argparse.Namespace) -> dict:
     losses, steps, forward_windows = [], [], []
     warmup = max(args.warmup, ddp_methods.settle_steps(spec)) if on_ddp else args.warmup  # time the steady state
     for _ in range(warmup):
-        losses.append(train_step(args.model, forward, step_optimizer, inputs, targets, clock, synchronizes)[1])
+        losses.append(train_step(compute_loss, step_optimizer, clock, synchronizes)[1])
     fence()
     before = nic_counters(args.device) if device else None
     for _ in range(args.steps):
-        times, loss, window = train_step(args.model, forward, step_optimizer, inputs, targets, clock,
-                                         synchronizes, device)
+        times, loss, window = train_step(compute_loss, step_optimizer, clock, synchronizes, device)
         steps.append(times.__dict__)
         losses.append(loss)
         forward_windows.append(window)
