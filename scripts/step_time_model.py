@@ -54,6 +54,10 @@ WORLD_SIZES = (8, 16, 32, 64, 128, 256, 512, 1024)
 RATES_GBIT = (1, 10, 25, 100)
 # Validation links: latency per message hop on the benchmark's veth + TCP + Gloo path (assumed, not measured).
 BENCH_LATENCY_S = 50e-6
+# The time-to-accuracy harness leaves Horovod's cycle time at its default (1 ms in 0.28.1).
+TTA_CYCLE_TIME_S = 0.001
+TTA_RECORD = ROOT / "bench" / "results" / "tta" / "record.json"
+TTA_LOOPBACK = ROOT / "reports" / "step_model" / "tta-loopback.json"
 # GPU clusters (assumptions): per-hop latency of a TCP/RoCE data-centre network, TCP goodput
 # over the nominal rate (the benchmark's 1gbit probe: 954.0 of 1000 Mbit/s), collectives in device
 # memory (no host copy), per-worker batch.
@@ -65,6 +69,11 @@ GPU_BATCH = {"resnet18": 128, "vgg16": 128, "gpt": 16}
 GPU_REFERENCE = {"model": "imagenet-resnet18", "s_per_sample": 1.28e-3,
                  "source": "cgnorthcutt/cnn-gpu-benchmarks README: ImageNet ResNet-18, batch 128, TITAN RTX, 1.28 ms/image"}
 TOPK_DENSITY, POWERSGD_RANK = 0.01, 4
+RESULTS = [ROOT / "bench" / "results" / name for name in
+           ("20261201-050029.json", "ternary-overlap/20261201-221511.json", "ternary-overlap/20261201-230902.json")]
+# Cells measuring a design since replaced: ternary before its all-reduces started from the gradient hooks
+# (then: a blocking MAX of the scales, then the codes, after backward); ternary-overlap/ measures today's.
+SUPERSEDED = {"20261201-050029": ("pactrain-0.9-ternary",)}
 
 
 # -- the methods as plans ---------------------------------------------------------------------
@@ -137,26 +146,23 @@ def build_plan(method: str, tensors: list[dict], world_size: int, forward_s: flo
     if spec.kind == "pactrain":
         layout = ternary_layout(world_size) if spec.ternary_values else None
         packed_element = 2 if (spec.fp16_values or (spec.ternary_values and layout is None)) else 4
-        dense_element = 2 if spec.fp16_values else 4
-        hooked, codes, scales = [], 0, 0
+        dense_element = 2 if spec.fp16_values or spec.ternary_values else 4  # ternary's dense tensors: fp16
+        hooked = []
         for t in tensors:
-            count = numel(t["shape"])
+            count, ready = numel(t["shape"]), t["ready_fraction"]
             kept = num_to_keep(count, spec.sparsity) if len(t["shape"]) >= 2 else count
             packed = len(t["shape"]) >= 2 and should_pack(count, kept)
-            if packed and layout is not None:
-                codes += 4 * layout.words(kept)
-                scales += SCALE_BYTES
+            if packed and layout is not None:  # from the hook: the codes' SUM and next step's scale (a MAX)
+                hooked += [Transfer(ready, 4 * layout.words(kept), ALLREDUCE, "int32"),
+                           Transfer(ready, SCALE_BYTES, ALLREDUCE, "float32-max")]
             elif packed:
-                hooked.append(Transfer(t["ready_fraction"], packed_element * kept, ALLREDUCE,
+                hooked.append(Transfer(ready, packed_element * kept, ALLREDUCE,
                                        "float16" if packed_element == 2 else "float32"))
             else:
-                hooked.append(Transfer(t["ready_fraction"], dense_element * count, ALLREDUCE,
+                hooked.append(Transfer(ready, dense_element * count, ALLREDUCE,
                                        "float16" if dense_element == 2 else "float32"))
-        if layout is None:  # pack in the hook, unpack after the all-reduce
-            return replace(plan, hooked=hooked, hook_cpu_s=compress_s / 2, finish_s=compress_s / 2)
-        # ternary: one blocking MAX all-reduce of the scales, then the codes, both after backward
-        stages = [Stage(0.0, ((scales, ALLREDUCE, "float32"),)), Stage(compress_s / 2, ((codes, ALLREDUCE, "int32"),))]
-        return replace(plan, hooked=hooked, stages=stages, finish_s=compress_s / 2)
+        # pack (or round to ternary) in the hook, unpack after the all-reduce
+        return replace(plan, hooked=hooked, hook_cpu_s=compress_s / 2, finish_s=compress_s / 2)
     raise ValueError(f"no step plan for method {method!r}")
 
 
@@ -174,13 +180,14 @@ def profile(out: Path) -> dict:
               "gpu_reference": dict(GPU_REFERENCE, flops_per_sample=step_profile.training_flops_per_sample(
                   GPU_REFERENCE["model"]))}
     for model in ("resnet18", "vgg16", "gpt"):
-        entry = step_profile.gradient_ready_profile(model, BATCH_SIZES[model])
-        entry["flops_per_sample"] = step_profile.training_flops_per_sample(model)
-        entry["topk"] = step_profile.topk_costs(model)
-        entry["powersgd"] = step_profile.powersgd_costs(model)
-        result["models"][model] = entry
+        entry = result["models"][model] = step_profile.bench_model_profile(model, BATCH_SIZES[model])
         print(f"{model}: forward {entry['forward_s'] * 1e3:.0f} ms, backward {entry['backward_s'] * 1e3:.0f} ms, "
               f"{entry['flops_per_sample'] / 1e9:.2f} GFLOP/sample, top-k {entry['topk']}, powersgd {entry['powersgd']}")
+    result["workloads"] = {}
+    for workload in ("image", "language"):
+        entry = result["workloads"][workload] = step_profile.workload_profile(workload)
+        print(f"time-to-accuracy {workload}: {entry['parameters'] / 1e6:.1f} M parameters, forward "
+              f"{entry['forward_s'] * 1e3:.0f} ms, backward {entry['backward_s'] * 1e3:.0f} ms")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"copy {result['copy_bytes_per_s'] / 1e9:.2f} GB/s; wrote {out}")
@@ -190,9 +197,20 @@ def profile(out: Path) -> dict:
 # -- validate --------------------------------------------------------------------------------
 
 
+def load_results(paths: list[Path]) -> list[tuple[str, dict]]:
+    """(name, results) per file, without failed cells and cells of a design the model no longer describes."""
+    loaded = []
+    for path in paths:
+        results = json.loads(path.read_text())
+        gone = SUPERSEDED.get(path.stem, ())
+        results["cells"] = [c for c in results["cells"] if "error" not in c and c["method"] not in gone]
+        loaded.append((path.stem, results))
+    return loaded
+
+
 def validation_rows(results: dict, prof: dict, config: HorovodConfig) -> list[dict]:
     bounds = {(b["model"], b["link"]): b for b in results["bounds"]}
-    cells = [c for c in results["cells"] if "error" not in c]
+    cells = results["cells"]
     rows = []
     for cell in cells:
         model, link_label, method = cell["model"], cell["link"], cell["method"]
@@ -228,13 +246,13 @@ def validation_rows(results: dict, prof: dict, config: HorovodConfig) -> list[di
 
 
 def validation_table(rows: list[dict]) -> str:
-    lines = ["| model | link | method | measured step ms | A: predicted ms | A: error | B: predicted ms | B: error "
+    lines = ["| run | model | link | method | measured step ms | A: predicted ms | A: error | B: predicted ms | B: error "
              "| measured comm wait ms | A: predicted wait ms |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         error_a = r["pred_A_s"] / r["measured_s"] - 1
         error_b = r["pred_B_s"] / r["measured_s"] - 1
-        lines.append(f"| {r['model']} | {r['link']} | {r['method']} | {r['measured_s'] * 1e3:.0f} | "
+        lines.append(f"| {r['run']} | {r['model']} | {r['link']} | {r['method']} | {r['measured_s'] * 1e3:.0f} | "
                      f"{r['pred_A_s'] * 1e3:.0f} | {error_a:+.1%} | {r['pred_B_s'] * 1e3:.0f} | {error_b:+.1%} | "
                      f"{r['measured_wait_s'] * 1e3:.0f} | {r['wait_A_s'] * 1e3:.0f} |")
     return "\n".join(lines)
@@ -243,13 +261,71 @@ def validation_table(rows: list[dict]) -> str:
 def validation_summary(rows: list[dict], tolerance: float = 0.15) -> str:
     out = []
     for mode in ("A", "B"):
-        errors = [(abs(r[f"pred_{mode}_s"] / r["measured_s"] - 1), r) for r in rows]
+        errors = [(abs(r[f"pred_{mode}_s"] / r["measured_s"] - 1), r) for r in rows if f"pred_{mode}_s" in r]
+        if not errors:
+            continue
         within = sum(e <= tolerance for e, _ in errors)
         worst, row = max(errors, key=lambda pair: pair[0])
-        out.append(f"{mode}: {within}/{len(rows)} cells within {tolerance:.0%}; median |error| "
-                   f"{statistics.median(e for e, _ in errors):.1%}; worst {worst:.1%} "
-                   f"({row['model']}/{row['link']}/{row['method']})")
+        where = row.get("cell") or f"{row['model']}/{row['link']}"
+        out.append(f"{mode}: {within}/{len(errors)} cells within {tolerance:.0%}; median |error| "
+                   f"{statistics.median(e for e, _ in errors):.1%}; worst {worst:.1%} ({where}/{row['method']})")
     return "\n".join(out)
+
+
+def last_third(series: list[float]) -> float:
+    """Median of a run's last third of steps: PacTrain's masks are final there."""
+    return statistics.median(series[len(series) - max(1, len(series) // 3):])
+
+
+def tta_rows(record: dict, loopback: dict, prof: dict) -> list[dict]:
+    """Predicted against measured step time for every Horovod run of a time-to-accuracy record.
+
+    - **A** (where the run recorded its phases): compute, compression and update are the run's own
+      medians over its last third; the model supplies the communication.
+    - **B**: compute is the cell's concurrent bound (all workers training at once, no communication);
+      compression and update come from ``loopback``, a short run of the same workload, method and
+      workers on loopback (``tta --loopback``); nothing of the run itself enters.
+    """
+    config = HorovodConfig(cycle_time_s=TTA_CYCLE_TIME_S)
+    loops = {(c["workload"], c["workers"]): c for c in loopback["cells"].values()}
+    rows = []
+    for key, cell in record["cells"].items():
+        entry = prof["workloads"][cell["workload"]]
+        forward_share = entry["forward_s"] / (entry["forward_s"] + entry["backward_s"])
+        link = Link(cell["probed_mbit_per_s"] * 1e6 / 8, BENCH_LATENCY_S, prof["copy_bytes_per_s"])
+        size, bound = cell["workers"], cell["bound"]
+        loop = loops.get((cell["workload"], size))
+        for method, run in cell["runs"].items():
+            if parse_method(method).frontend != "horovod":
+                continue  # DDP's buckets and comm hooks are not modelled
+            inputs = {}
+            if "phases_s" in run:
+                inputs["A"] = tuple(last_third(run["phases_s"][p]) for p in ("compute", "compress", "update"))
+            if loop and method in loop["runs"]:
+                phases = loop["runs"][method]["phases_s"]
+                # the bound's own split where it recorded one, else the loopback bound's
+                split = bound if "compute_s" in bound else loop["bound"]
+                compute = bound["step_s"] * split["compute_s"] / split["step_s"]
+                inputs["B"] = (compute, last_third(phases["compress"]), last_third(phases["update"]))
+            row = {"cell": key, "method": method, "measured_s": last_third(run["step_s"])}
+            for mode, (compute, compress, update) in inputs.items():
+                plan = build_plan(method, entry["tensors"], size, compute * forward_share, compute * (1 - forward_share),
+                                  compress, update, entry)
+                row[f"pred_{mode}_s"] = expected_step(plan, size, link, config).step_s
+            rows.append(row)
+    return rows
+
+
+def tta_table(rows: list[dict]) -> str:
+    def cell(row: dict, mode: str) -> str:
+        predicted = row.get(f"pred_{mode}_s")
+        return "- | -" if predicted is None else f"{predicted * 1e3:.0f} | {predicted / row['measured_s'] - 1:+.1%}"
+
+    lines = ["| cell | method | measured step ms (last third) | A: predicted ms | A: error | B: predicted ms | B: error |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['cell']} | {r['method']} | {r['measured_s'] * 1e3:.0f} | {cell(r, 'A')} | {cell(r, 'B')} |"
+              for r in rows]
+    return "\n".join(lines)
 
 
 # -- predict ---------------------------------------------------------------------------------
@@ -341,9 +417,14 @@ def plot(rows: list[dict], models: list[str], methods: list[str], png: Path) -> 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", nargs="?", default="all", choices=("profile", "validate", "predict", "all"))
-    parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "20261201-050029.json")
+    parser.add_argument("command", nargs="?", default="all",
+                        choices=("profile", "validate", "validate-tta", "predict", "all"))
+    parser.add_argument("--results", type=Path, nargs="+", default=RESULTS,
+                        help="throughput results; the first one's compute bounds scale predict to GPU class")
     parser.add_argument("--profile", type=Path, default=PROFILE)
+    parser.add_argument("--tta-record", type=Path, default=TTA_RECORD)
+    parser.add_argument("--tta-loopback", type=Path, default=TTA_LOOPBACK,
+                        help="the same workloads and methods on loopback (CPU phases for B)")
     parser.add_argument("--png", type=Path, default=PNG)
     parser.add_argument("--models", default="resnet18,vgg16", help="models for predict")
     parser.add_argument("--methods", default=",".join(METHODS))
@@ -353,18 +434,29 @@ def main(argv: list[str] | None = None) -> int:
         profile(args.profile)
         return 0
     prof = json.loads(args.profile.read_text())
-    results = json.loads(args.results.read_text())
-    cycle_ms = args.cycle_ms if args.cycle_ms is not None else results["meta"]["config"]["cycle_time_ms"]
+    runs = load_results(args.results)
+    cycles_ms = {args.cycle_ms if args.cycle_ms is not None else r["meta"]["config"]["cycle_time_ms"] for _, r in runs}
+    if len(cycles_ms) > 1:
+        raise SystemExit(f"--results ran at different cycle times {sorted(cycles_ms)} ms: pass --cycle-ms")
+    cycle_ms = cycles_ms.pop()
     config = HorovodConfig(cycle_time_s=cycle_ms / 1e3)
     methods = [m for m in args.methods.split(",") if m]
     if args.command in ("validate", "all"):
-        rows = validation_rows(results, prof, config)
-        print(f"Validation against {args.results.name} ({len(rows)} cells, cycle {cycle_ms:g} ms, "
+        rows = [dict(row, run=name) for name, results in runs for row in validation_rows(results, prof, config)]
+        print(f"Validation against {', '.join(name for name, _ in runs)} ({len(rows)} cells, cycle {cycle_ms:g} ms, "
               f"latency {BENCH_LATENCY_S * 1e6:.0f} us/hop, host copy {prof['copy_bytes_per_s'] / 1e9:.1f} GB/s)\n")
         print(validation_table(rows))
         print("\n" + validation_summary(rows) + "\n")
+    if args.command in ("validate-tta", "all"):
+        rows = tta_rows(json.loads(args.tta_record.read_text()), json.loads(args.tta_loopback.read_text()), prof)
+        print(f"Validation against the time-to-accuracy record {args.tta_record.name} ({len(rows)} runs, cycle "
+              f"{TTA_CYCLE_TIME_S * 1e3:g} ms, CPU phases for B from {args.tta_loopback.name})\n")
+        print(tta_table(rows))
+        print("\n" + validation_summary(rows) + "\n")
     if args.command in ("predict", "all"):
         models = [m for m in args.models.split(",") if m]
+        primary = runs[0][1]
+        results = dict(primary, cells=[c for _, r in runs for c in r["cells"]])  # the first one's bounds
         rows = gpu_rows(results, prof, config, models, methods)
         reference = prof["gpu_reference"]
         print(f"GPU-class compute: {reference['source']}; {reference['flops_per_sample'] / 1e9:.2f} GFLOP/sample "

@@ -14,14 +14,15 @@ One worker's step, as the benchmark's methods run it::
   the buffer through host memory (fusion-buffer copy in and out) at ``copy_bytes_per_s``.
 - **Horovod's background loop** (one per worker, serial): a cycle starts at least
   ``cycle_time_s`` after the previous one; it takes every transfer submitted by then, fuses
-  those of the same collective and dtype into buffers of at most ``fusion_threshold_bytes``
+  those of the same collective, dtype and reduction (``Transfer.dtype`` names both, e.g.
+  ``"float32-max"``) into buffers of at most ``fusion_threshold_bytes``
   (a larger tensor goes alone), negotiates (``2 ceil(log2 n)`` latencies) and runs the buffers
   one after the other. The next cycle starts when they are done or one cycle time after this
   one started, whichever is later. So a gradient waits for the next cycle, and transfers
   overlap the rest of backward only as far as the link keeps up.
 - **Synchronous**: a collective starts when every worker has submitted; a persistently slower
   worker (``straggler_s``) delays every one of them, and the others wait for it.
-- **Stages** after backward (PowerSGD's P then Q, ternary's scales then codes) are blocking:
+- **Stages** after backward (PowerSGD's P then Q) are blocking:
   CPU work, then transfers that must finish before the next stage's CPU work starts.
 
 Example::

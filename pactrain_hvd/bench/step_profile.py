@@ -2,8 +2,8 @@
 
     python scripts/step_time_model.py profile      # writes reports/step_model/profile.json
 
-- **Gradient-ready times**: a real forward + backward of the benchmark's model at its batch
-  size, with a ``register_post_accumulate_grad_hook`` timestamp on every parameter; each
+- **Gradient-ready times**: a real forward + backward of a benchmark model at its batch size
+  (or of a time-to-accuracy workload: its model, a real batch, its loss and optimizer), with a ``register_post_accumulate_grad_hook`` timestamp on every parameter; each
   tensor's ready time is kept as the fraction of backward elapsed (median over steps).
 - **How Top-k's and PowerSGD's compression splits** around their collectives (the results
   give only the total): Top-k's selection (in hooks) vs. its dense zeroing and its
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -29,22 +30,20 @@ from pactrain_hvd.bench.models import BasicBlock, build, loss_fn, synthetic_batc
 from pactrain_hvd.core.plan import DEFAULT_MIN_NUMEL
 
 
-def gradient_ready_profile(model_name: str, batch_size: int, steps: int = 3, warmup: int = 1) -> dict:
-    """Forward, backward and SGD-update seconds, and every parameter's ready time as a fraction of backward."""
-    torch.manual_seed(0)
-    model = build(model_name)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    inputs, targets = synthetic_batch(model_name, batch_size, torch.Generator().manual_seed(0))
+def gradient_ready_profile(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+                           loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                           optimizer: torch.optim.Optimizer, steps: int = 3, warmup: int = 1) -> dict:
+    """Forward, backward and update seconds, and every parameter's ready time as a fraction of backward."""
     names = {p: name for name, p in model.named_parameters() if p.requires_grad}
     stamps: dict[str, float] = {}
-    for p in names:
-        p.register_post_accumulate_grad_hook(lambda p: stamps.__setitem__(names[p], time.perf_counter()))
+    handles = [p.register_post_accumulate_grad_hook(lambda p: stamps.__setitem__(names[p], time.perf_counter()))
+               for p in names]
     runs = []
     for step in range(warmup + steps):
         stamps.clear()
         optimizer.zero_grad(set_to_none=True)
         start = time.perf_counter()
-        loss = loss_fn(model_name, model(inputs), targets)
+        loss = loss_of(model(inputs), targets)
         backward_start = time.perf_counter()
         loss.backward()
         backward_end = time.perf_counter()
@@ -54,19 +53,52 @@ def gradient_ready_profile(model_name: str, batch_size: int, steps: int = 3, war
             span = backward_end - backward_start
             runs.append({"forward_s": backward_start - start, "backward_s": span, "update_s": updated - backward_end,
                          "fractions": {name: (stamps[name] - backward_start) / span for name in stamps}})
+    for handle in handles:
+        handle.remove()
     tensors = [{"name": name, "shape": list(p.shape),
                 "ready_fraction": statistics.median(r["fractions"][name] for r in runs)}
                for p, name in names.items()]
     tensors.sort(key=lambda t: t["ready_fraction"])
-    return {"model": model_name, "batch_size": batch_size, "threads": torch.get_num_threads(),
+    return {"batch_size": len(inputs), "threads": torch.get_num_threads(),
             **{key: statistics.median(r[key] for r in runs) for key in ("forward_s", "backward_s", "update_s")},
             "tensors": tensors}
 
 
-def topk_costs(model_name: str, density: float = 0.01, repeats: int = 5) -> dict:
+def model_profile(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+                  loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], optimizer: torch.optim.Optimizer) -> dict:
+    """What the step model needs of one model: gradient-ready times and Top-k's and PowerSGD's CPU splits."""
+    return {**gradient_ready_profile(model, inputs, targets, loss_of, optimizer),
+            "topk": topk_costs(model), "powersgd": powersgd_costs(model)}
+
+
+def bench_model_profile(model_name: str, batch_size: int) -> dict:
+    """A throughput-benchmark model: synthetic batch, SGD with momentum (as ``worker.py``)."""
+    torch.manual_seed(0)
+    model = build(model_name)
+    inputs, targets = synthetic_batch(model_name, batch_size, torch.Generator().manual_seed(0))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return {"model": model_name, "flops_per_sample": training_flops_per_sample(model_name),
+            **model_profile(model, inputs, targets, lambda out, t: loss_fn(model_name, out, t), optimizer)}
+
+
+def workload_profile(workload: str) -> dict:
+    """A time-to-accuracy workload (``tta_worker.py``): its model, a real batch, its loss and optimizer."""
+    from types import SimpleNamespace
+
+    from pactrain_hvd.bench import tta_worker
+
+    torch.manual_seed(0)
+    settings = SimpleNamespace(workload=workload, batch_size=None, eval_samples=500, eval_batches=1, seed=1)
+    job = tta_worker.build_workload(settings, rank=0, size=1)
+    inputs, targets = job.next_batch()
+    return {"workload": workload, "parameters": sum(p.numel() for p in job.model.parameters()),
+            **model_profile(job.model, inputs, targets, job.loss, job.make_optimizer(job.model, 1))}
+
+
+def topk_costs(model: nn.Module, density: float = 0.01, repeats: int = 5) -> dict:
     """Top-k's selection (per step, in hooks), its dense zeroing, and one worker's ``index_add``."""
     compressor, memory = TopKCompressor(density), ResidualMemory()
-    grads = {name: torch.randn(p.shape) for name, p in build(model_name).named_parameters()
+    grads = {name: torch.randn(p.shape) for name, p in model.named_parameters()
              if p.numel() >= DEFAULT_MIN_NUMEL}
     picked = {name: compressor.compress(g.reshape(-1)) for name, g in grads.items()}
     outs = {name: torch.empty(g.numel()) for name, g in grads.items()}
@@ -88,10 +120,10 @@ def topk_costs(model_name: str, density: float = 0.01, repeats: int = 5) -> dict
             "scatter_per_worker_s": median_seconds(scatter_one_worker, repeats)}
 
 
-def powersgd_costs(model_name: str, rank: int = 4, repeats: int = 5) -> dict:
+def powersgd_costs(model: nn.Module, rank: int = 4, repeats: int = 5) -> dict:
     """PowerSGD's three CPU phases: P = M Q (with error feedback), orthonormalise + Q = M^T P, P Q^T."""
     compressor = PowerSGDCompressor(rank)
-    shapes = {name: compressor.matrix_shape(p.shape) for name, p in build(model_name).named_parameters()
+    shapes = {name: compressor.matrix_shape(p.shape) for name, p in model.named_parameters()
               if compressor.compressible(p.shape)}
     grads = {name: torch.randn(shape) for name, shape in shapes.items()}
     memory = ResidualMemory()
