@@ -130,3 +130,22 @@ def test_plans_hand_horovod_what_the_methods_send():
     assert not ternary.stages
     assert [(t.nbytes, t.dtype) for t in ternary.hooked] == [
         (4 * -(-26214 // 10), "int32"), (4, "float32-max"), (2 * 512, "float16")]  # 2 ranks: 10 3-bit lanes per int32
+
+
+def test_tta_rows_take_a_runs_own_phases_or_a_loopback_runs_and_skip_ddp():
+    """A: the run's own last-third phases; B: the cell's bound split as the loopback's, its CPU costs; DDP skipped."""
+    def run(step_s, compute, compress, update):
+        return {"step_s": [9.0] * 4 + [step_s] * 8,  # the last third is what counts
+                "phases_s": {"compute": [compute] * 12, "compress": [compress] * 12, "update": [update] * 12}}
+
+    profile = {"copy_bytes_per_s": 1e12, "workloads": {"image": {"forward_s": 1.0, "backward_s": 3.0, "tensors": TENSORS}}}
+    cell = {"workload": "image", "workers": 2, "probed_mbit_per_s": 100.0, "bound": {"step_s": 0.2},
+            "runs": {"dense": run(0.3, 0.2, 0.0, 0.01), "ddp-fp16": run(0.3, 0.2, 0.0, 0.01)}}
+    loop = {"workload": "image", "workers": 2, "bound": {"step_s": 0.1, "compute_s": 0.09, "update_s": 0.01},
+            "runs": {"dense": run(0.2, 0.09, 0.0, 0.01)}}
+    rows = script.tta_rows({"cells": {"image/100mbit/2w": cell}}, {"cells": {"x": loop}}, profile)
+    assert [r["method"] for r in rows] == ["dense"] and rows[0]["measured_s"] == 0.3
+    # 84 ms of wire leave 10-20 % into a 150 ms backward: hidden, the step is compute + update + a cycle at most
+    assert 0.21 <= rows[0]["pred_A_s"] <= 0.21 + 1.5e-3
+    # B's compute is 0.18 s (the bound's 0.2 s split 0.09 : 0.01), A's 0.2 s: the same wire, 20 ms apart
+    assert rows[0]["pred_A_s"] - rows[0]["pred_B_s"] == pytest.approx(0.02, abs=2e-3)
