@@ -57,7 +57,7 @@ BENCH_LATENCY_S = 50e-6
 # The time-to-accuracy harness leaves Horovod's cycle time at its default (1 ms in 0.28.1).
 TTA_CYCLE_TIME_S = 0.001
 TTA_RECORD = ROOT / "bench" / "results" / "tta" / "record.json"
-TTA_LOOPBACK = ROOT / "reports" / "step_model" / "tta-loopback.json"
+TTA_LOOPBACK = ROOT / "reports" / "step_model" / "tta-loopback" / "record.json"
 # GPU clusters (assumptions): per-hop latency of a TCP/RoCE data-centre network, TCP goodput
 # over the nominal rate (the benchmark's 1gbit probe: 954.0 of 1000 Mbit/s), collectives in device
 # memory (no host copy), per-worker batch.
