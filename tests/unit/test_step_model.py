@@ -126,10 +126,10 @@ def test_plans_hand_horovod_what_the_methods_send():
     assert plan("topk", 64).finish_s == pytest.approx(0.1 + 64 * 0.05)  # one index_add per worker's pairs
     powersgd = plan("powersgd")
     assert [s.cpu_s for s in powersgd.stages] == [0.25, 0.25] and powersgd.finish_s == 0.5
-    ternary = plan("pactrain-0.9-ternary")  # from the hooks: the codes, the next scale's MAX; the bias as fp16
+    ternary = plan("pactrain-0.9-ternary")  # from the hooks: the codes, the next scale's MAX; the bias
     assert not ternary.stages
     assert [(t.nbytes, t.dtype) for t in ternary.hooked] == [
-        (4 * -(-26214 // 10), "int32"), (4, "float32-max"), (2 * 512, "float16")]  # 2 ranks: 10 3-bit lanes per int32
+        (4 * -(-26214 // 10), "int32"), (4, "float32-max"), (4 * 512, "float32")]  # 2 ranks: 10 3-bit lanes per int32
 
 
 def test_tta_rows_take_a_runs_own_phases_or_a_loopback_runs_and_skip_ddp():
