@@ -1,7 +1,8 @@
 """Step time on paper, validated against the throughput benchmark, then extrapolated to GPU clusters.
 
     python scripts/step_time_model.py profile     # measure on this machine -> reports/step_model/profile.json
-    python scripts/step_time_model.py validate --results bench/results/20261201-050029.json
+    python scripts/step_time_model.py validate       # the throughput cells (RESULTS)
+    python scripts/step_time_model.py validate-tta   # the time-to-accuracy runs (TTA_RECORD, TTA_LOOPBACK)
     python scripts/step_time_model.py predict     # 8..1024 workers at 1/10/25/100 Gbit/s, GPU-class compute
 
 The model is ``pactrain_hvd.bench.step_model`` (alpha-beta ring collectives, Horovod's cycle and
@@ -9,7 +10,7 @@ fusion, overlap with backward). Each method becomes a ``StepPlan`` here: which t
 hand Horovod and when (the measured gradient-ready fractions), what runs after backward, and
 the CPU costs around them.
 
-``validate`` predicts every cell of a results file twice:
+``validate`` predicts every cell of the results files twice:
 - **A (cell's CPU phases)**: compute, compression and update are the cell's own medians; the
   model supplies the communication, its overlap with backward and the cycle waits.
 - **B (independent)**: compute is the compute-only bound measured before the model's cells on
