@@ -2,7 +2,7 @@
 
     python scripts/step_time_model.py profile     # measure on this machine -> reports/step_model/profile.json
     python scripts/step_time_model.py validate       # the throughput cells (RESULTS)
-    python scripts/step_time_model.py validate-tta   # the time-to-accuracy runs (TTA_RECORD, TTA_LOOPBACK)
+    python scripts/step_time_model.py validate-tta   # the time-to-accuracy runs (TTA_RECORDS, TTA_LOOPBACK)
     python scripts/step_time_model.py predict     # 8..1024 workers at 1/10/25/100 Gbit/s, GPU-class compute
 
 The model is ``pactrain_hvd.bench.step_model`` (alpha-beta ring collectives, Horovod's cycle and
@@ -57,7 +57,8 @@ RATES_GBIT = (1, 10, 25, 100)
 BENCH_LATENCY_S = 50e-6
 # The time-to-accuracy harness leaves Horovod's cycle time at its default (1 ms in 0.28.1).
 TTA_CYCLE_TIME_S = 0.001
-TTA_RECORD = ROOT / "bench" / "results" / "tta" / "record.json"
+TTA_RECORDS = [ROOT / "bench" / "results" / "tta" / "record.json",
+               ROOT / "bench" / "results" / "tta" / "part-20261204" / "record.json"]
 TTA_LOOPBACK = ROOT / "reports" / "step_model" / "tta-loopback" / "record.json"
 # GPU clusters (assumptions): per-hop latency of a TCP/RoCE data-centre network, TCP goodput
 # over the nominal rate (the benchmark's 1gbit probe: 954.0 of 1000 Mbit/s), collectives in device
@@ -423,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, nargs="+", default=RESULTS,
                         help="throughput results; the first one's compute bounds scale predict to GPU class")
     parser.add_argument("--profile", type=Path, default=PROFILE)
-    parser.add_argument("--tta-record", type=Path, default=TTA_RECORD)
+    parser.add_argument("--tta-records", type=Path, nargs="+", default=TTA_RECORDS)
     parser.add_argument("--tta-loopback", type=Path, default=TTA_LOOPBACK,
                         help="the same workloads and methods on loopback (CPU phases for B)")
     parser.add_argument("--png", type=Path, default=PNG)
@@ -449,9 +450,11 @@ def main(argv: list[str] | None = None) -> int:
         print(validation_table(rows))
         print("\n" + validation_summary(rows) + "\n")
     if args.command in ("validate-tta", "all"):
-        rows = tta_rows(json.loads(args.tta_record.read_text()), json.loads(args.tta_loopback.read_text()), prof)
-        print(f"Validation against the time-to-accuracy record {args.tta_record.name} ({len(rows)} runs, cycle "
-              f"{TTA_CYCLE_TIME_S * 1e3:g} ms, CPU phases for B from {args.tta_loopback.name})\n")
+        loopback = json.loads(args.tta_loopback.read_text())
+        rows = [dict(row, cell=f"{path.parent.name}: {row['cell']}") for path in args.tta_records
+                for row in tta_rows(json.loads(path.read_text()), loopback, prof)]
+        print(f"Validation against the time-to-accuracy records {', '.join(str(p.relative_to(ROOT)) for p in args.tta_records)} "
+              f"({len(rows)} runs, cycle {TTA_CYCLE_TIME_S * 1e3:g} ms, CPU phases for B from {args.tta_loopback.parent.name})\n")
         print(tta_table(rows))
         print("\n" + validation_summary(rows) + "\n")
     if args.command in ("predict", "all"):
