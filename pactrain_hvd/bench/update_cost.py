@@ -1,0 +1,72 @@
+"""The optimizer's own update on pruned tensors: one process, no Horovod, no PacTrain code.
+
+    python -m pactrain_hvd.bench.update_cost --workload language    # AdamW + clipping, the char-GPT
+    python -m pactrain_hvd.bench.update_cost --workload image       # SGD with momentum, FashionVGG
+
+Times the plain update (clip where the workload clips, then ``optimizer.step()``) of a
+time-to-accuracy workload twice on the same gradients: dense, then with ``--sparsity`` of every
+prunable tensor's coordinates at exactly 0 in the weights, gradients and optimizer state (what
+PacTrain leaves there). The difference is the optimizer's arithmetic on zeros, which a PacTrain
+run's update phase includes but no PacTrain pass causes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from types import SimpleNamespace
+
+import torch
+
+from pactrain_hvd.bench import tta_worker
+
+
+def update_seconds(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float, repeats: int) -> float:
+    times = []
+    for _ in range(repeats + 3):  # 3 warm-up updates
+        start = time.perf_counter()
+        if clip_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[3:])
+
+
+@torch.no_grad()
+def zero_out(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sparsity: float) -> None:
+    """``sparsity`` of every prunable (>= 2-D) tensor's coordinates to 0 in weight, gradient and state."""
+    generator = torch.Generator().manual_seed(0)
+    for p in model.parameters():
+        if p.dim() >= 2:
+            pruned = torch.rand(p.shape, generator=generator) < sparsity
+            p.masked_fill_(pruned, 0)
+            p.grad.masked_fill_(pruned, 0)
+            for value in optimizer.state[p].values():
+                if torch.is_tensor(value) and value.shape == p.shape:
+                    value.masked_fill_(pruned, 0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=("image", "language"), default="language")
+    parser.add_argument("--sparsity", type=float, default=0.9)
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # as the benchmark's workers
+    torch.manual_seed(0)
+    settings = SimpleNamespace(workload=args.workload, batch_size=None, eval_samples=500, eval_batches=1, seed=1)
+    job = tta_worker.build_workload(settings, rank=0, size=1)
+    optimizer = job.make_optimizer(job.model, 1)
+    inputs, targets = job.next_batch()
+    job.loss(job.model(inputs), targets).backward()
+    dense = update_seconds(job.model, optimizer, job.clip_norm, args.repeats)
+    zero_out(job.model, optimizer, args.sparsity)
+    sparse = update_seconds(job.model, optimizer, job.clip_norm, args.repeats)
+    print(f"workload={args.workload} optimizer={type(optimizer).__name__} clip={job.clip_norm or 'off'} "
+          f"threads={torch.get_num_threads()} dense_update_ms={dense * 1e3:.1f} "
+          f"update_with_{args.sparsity:g}_zero_ms={sparse * 1e3:.1f} ratio={sparse / dense:.2f}")
+
+
+if __name__ == "__main__":
+    main()
