@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device if args.device and Path("/sys/class/net", args.device).exists() else ""
     tx = (lambda: nic_counters(device)["tx_bytes"]) if device else (lambda: 0)
     tx_start, train_s, curve, step_s, losses = tx(), 0.0, [], [], []
-    phases: dict[str, list[float]] = {}  # per step: compute / compress / comm_wait / update seconds
+    phases: dict[str, list[float]] = {name: [] for name in ("compute", "compress", "comm_wait", "update")}  # per step
     synchronizes = trainer is not optimizer  # Horovod's optimizer: synchronize(), then step
     clip = ((lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), workload.clip_norm))
             if workload.clip_norm else None)
@@ -177,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         step_s.append(times.total)
         train_s += step_s[-1]
         losses.append(loss)
-        for phase in ("compute", "compress", "comm_wait", "update"):
-            phases.setdefault(phase, []).append(getattr(times, phase))
+        for name, series in phases.items():
+            series.append(getattr(times, name))
         if not args.compute_only and (step % args.eval_every == 0 or step == args.steps):
             metric = workload.evaluate(f"tta.eval.{step}")
             model.train()

@@ -13,24 +13,21 @@ run's update phase includes but no PacTrain pass causes.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from types import SimpleNamespace
 
 import torch
 
 from pactrain_hvd.bench import tta_worker
+from pactrain_hvd.bench.micro_pack import median_seconds
 
 
 def update_seconds(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float, repeats: int) -> float:
-    times = []
-    for _ in range(repeats + 3):  # 3 warm-up updates
-        start = time.perf_counter()
+    def update() -> None:
         if clip_norm:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
         optimizer.step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[3:])
+
+    return median_seconds(update, repeats)
 
 
 @torch.no_grad()

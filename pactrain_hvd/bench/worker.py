@@ -13,6 +13,7 @@ for inside ``backward()``: their comm wait is part of the compute phase (``comm_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -116,14 +117,11 @@ def train_step(compute_loss: Callable[[], torch.Tensor], optimizer, clock: Phase
         optimizer.synchronize()
         synchronized = time.perf_counter()
         compress_in_synchronize = clock.take()
-        if before_update:
-            before_update()
-        with optimizer.skip_synchronize():
-            optimizer.step()
     else:
         synchronized, compress_in_synchronize = backward_done, 0.0
-        if before_update:
-            before_update()
+    if before_update:
+        before_update()
+    with optimizer.skip_synchronize() if distributed else contextlib.nullcontext():
         optimizer.step()
     updated = time.perf_counter()
     times = StepTimes.from_marks(start, backward_done, synchronized, updated, compress_in_backward, compress_in_synchronize)
