@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from pactrain_hvd.core.masks import DEFAULT_RANKING, RANKINGS
+from pactrain_hvd.core.schedule import schedule_steps
 
 
 def add_pactrain_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +20,8 @@ def add_pactrain_arguments(parser: argparse.ArgumentParser) -> None:
                         help="first and last pruning step as fractions of the run (instead of --prune-begin/-end)")
     parser.add_argument("--prune-frequency", type=int, default=None,
                         help="steps between mask updates (default: ten updates between begin and end)")
+    parser.add_argument("--prune-updates", type=int, default=None,
+                        help="mask updates between begin and end (instead of --prune-frequency)")
 
 
 def schedule_arguments(args: argparse.Namespace, total_steps: int) -> dict[str, int | None]:
@@ -31,4 +34,12 @@ def schedule_arguments(args: argparse.Namespace, total_steps: int) -> dict[str, 
         if not 0 <= first <= last <= 1:
             raise SystemExit(f"--prune-window needs 0 <= BEGIN <= END <= 1, got {first} {last}")
         begin, end = int(first * total_steps), int(last * total_steps)
-    return {"total_steps": total_steps, "begin_step": begin, "end_step": end, "frequency": args.prune_frequency}
+    frequency = args.prune_frequency
+    if args.prune_updates is not None:
+        if frequency is not None:
+            raise SystemExit("--prune-updates replaces --prune-frequency: give one or the other")
+        if args.prune_updates <= 0:
+            raise SystemExit(f"--prune-updates must be > 0, got {args.prune_updates}")
+        first_step, last_step, _ = schedule_steps(total_steps, begin, end)
+        frequency = max(1, (last_step - first_step) // args.prune_updates)
+    return {"total_steps": total_steps, "begin_step": begin, "end_step": end, "frequency": frequency}

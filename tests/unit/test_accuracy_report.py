@@ -34,7 +34,19 @@ def test_a_window_other_than_the_default_is_a_variant_with_its_own_flag_and_row(
         accuracy.parse_args(["--windows", "0.6-0.1"])
     table = accuracy.markdown_table([made_up(0.0, 1, 0.92), dict(made_up(0.9, 1, 0.91), window="0-0.3")],
                                     accuracy.TASKS["image"])
-    assert "| 0.9 | layer | fp32 | 0-0.3 | 0.900 | 0.9100 | 0.9100 | -1.00 pp |" in table
+    assert "| 0.9 | layer | fp32 | 0-0.3 | 10 | 0.900 | 0.9100 | 0.9100 | -1.00 pp |" in table
+
+
+def test_a_mask_update_count_other_than_the_default_is_a_variant_with_its_own_flag_and_row():
+    args = accuracy.parse_args(["--tasks", "image", "--sparsities", "0.8", "--seeds", "1", "--updates", "10", "40"])
+    runs = accuracy.planned_runs(args)
+    assert [run.name for run in runs] == ["image-s0.8-erk-seed1", "image-s0.8-erk-u40-seed1"]
+    assert "--prune-updates" not in accuracy.example_args(runs[0], args, Path("r.json"))
+    flags = accuracy.example_args(runs[1], args, Path("r.json"))
+    assert flags[flags.index("--prune-updates") + 1] == "40"
+    table = accuracy.markdown_table([made_up(0.0, 1, 0.92), dict(made_up(0.8, 1, 0.918), updates=40)],
+                                    accuracy.TASKS["image"])
+    assert "| 0.8 | layer | fp32 | 0.1-0.6 | 40 | 0.800 | 0.9180 | 0.9180 | -0.20 pp |" in table
 
 
 def made_up(sparsity, seed, metric, ranking="layer"):

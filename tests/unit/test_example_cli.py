@@ -24,6 +24,20 @@ def test_a_window_is_fractions_of_the_run_and_keeps_ten_updates():
     assert (schedule.begin_step, schedule.end_step, schedule.frequency) == (0, 422, 42)
 
 
+def test_a_number_of_updates_sets_the_frequency_inside_the_window():
+    schedule = PacTrainConfig.from_arguments(**schedule_arguments(parsed("--prune-updates", "40"), 1407)).schedule
+    assert (schedule.begin_step, schedule.end_step, schedule.frequency) == (140, 844, 17)
+    schedule = PacTrainConfig.from_arguments(
+        **schedule_arguments(parsed("--prune-window", "0", "0.3", "--prune-updates", "5"), 1407)).schedule
+    assert (schedule.begin_step, schedule.end_step, schedule.frequency) == (0, 422, 84)
+
+
+@pytest.mark.parametrize("argv", [("--prune-updates", "10", "--prune-frequency", "7"), ("--prune-updates", "0")])
+def test_updates_with_a_frequency_or_not_positive_are_refused(argv):
+    with pytest.raises(SystemExit, match="--prune-updates"):
+        schedule_arguments(parsed(*argv), 1000)
+
+
 @pytest.mark.parametrize("argv", [("--prune-window", "0", "0.3", "--prune-end", "50"),
                                   ("--prune-window", "0.5", "0.2")])
 def test_a_window_with_steps_or_backwards_is_refused(argv):
