@@ -32,27 +32,6 @@ def test_pack_unpack_identity_on_survivors(shape, density, dtype, transpose, see
     assert torch.all(restored[~mask] == 0)
 
 
-@pytest.mark.parametrize("slice_elements", [0, 7, 1 << 15])
-@pytest.mark.parametrize("density", [0.0, 0.1, 1.0])
-def test_sliced_cpu_unpack_equals_the_whole_tensor_unpack(slice_elements, density, monkeypatch):
-    """Unpacking in slices (CPU_UNPACK_SLICE; 7 is not a divisor of the size, 0 turns slicing off) writes
-    exactly what one zero_() plus one scatter writes, in the gradient's own storage, on every slice boundary."""
-    from pactrain_hvd.torch import compression
-
-    monkeypatch.setattr(compression, "CPU_UNPACK_SLICE", slice_elements)
-    generator = torch.Generator().manual_seed(3)
-    gradient = torch.randn(3 * (1 << 15) + 5, 2, generator=generator)
-    mask = torch.rand(gradient.shape, generator=generator) < density
-    expected = torch.where(mask, gradient * 3, torch.zeros(()))
-    compressor = PacTrainCompressor(mask)
-    wire, ctx = compressor.compress(gradient)
-    restored = compressor.decompress(wire * 3, ctx)
-    assert restored.data_ptr() == gradient.data_ptr() and torch.equal(restored, expected)
-    again = torch.randn(gradient.shape, generator=generator)  # the slices are cached: a second step is the same
-    wire, ctx = compressor.compress(again)
-    assert torch.equal(compressor.decompress(wire, ctx), torch.where(mask, again, torch.zeros(())))
-
-
 def test_fp16_values_halve_the_bytes_and_come_back_as_fp32():
     tensor = torch.linspace(-1, 1, 1000).reshape(10, 100)
     mask = tensor.abs() > 0.9
