@@ -301,7 +301,7 @@ def _ternary_allreduce(state: PacTrainHookState, plan: BucketPlan, buffer: torch
     """
     names, counts = zip(*plan.segments)
     parts = [state.memory.add(name, part) for name, part in
-             zip(names, buffer.index_select(0, plan.surviving).float().split(counts))]
+             zip(names, torch.take(buffer, plan.surviving).float().split(counts))]
     scales = torch.stack([part.abs().max() if part.numel() else part.new_zeros(()) for part in parts])
     dist.all_reduce(scales, op=dist.ReduceOp.MAX, group=group)
     values = torch.cat(parts)
@@ -315,7 +315,7 @@ def _ternary_allreduce(state: PacTrainHookState, plan: BucketPlan, buffer: torch
 
     def scatter(fut: torch.futures.Future) -> torch.Tensor:
         averaged = decode(fut.value()[0], state.lanes, values.numel()).float() * per_value / world_size
-        buffer.zero_().index_copy_(0, plan.surviving, averaged.to(buffer.dtype))
+        buffer.zero_().put_(plan.surviving, averaged.to(buffer.dtype))
         return buffer
 
     return dist.all_reduce(encode(ternary, state.lanes), group=group, async_op=True).get_future().then(scatter)
@@ -344,11 +344,11 @@ def pactrain_hook(state: PacTrainHookState, bucket: dist.GradBucket) -> torch.fu
         # int32 words and one fp32 scale per parameter
         state._record(bucket, plan, 4 * (state.lanes.words(plan.kept) + len(plan.segments)))
         return _ternary_allreduce(state, plan, buffer, group)
-    values = buffer.index_select(0, plan.surviving).to(state.packed_dtype or buffer.dtype).div_(world_size)
+    values = torch.take(buffer, plan.surviving).to(state.packed_dtype or buffer.dtype).div_(world_size)
     state._record(bucket, plan, values.numel() * values.element_size())
 
     def scatter(fut: torch.futures.Future) -> torch.Tensor:
-        buffer.zero_().index_copy_(0, plan.surviving, fut.value()[0].to(buffer.dtype))
+        buffer.zero_().put_(plan.surviving, fut.value()[0].to(buffer.dtype))
         return buffer
 
     return dist.all_reduce(values, group=group, async_op=True).get_future().then(scatter)
