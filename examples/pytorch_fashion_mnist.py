@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -43,8 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--test-batch-size", type=int, default=1000, help="evaluation batch size per worker")
     parser.add_argument("--epochs", type=int, default=2, help="epochs to train")
     parser.add_argument("--lr", type=float, default=0.05, help="learning rate per worker (scaled by the worker count)")
-    parser.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
-                        help="cosine: anneal to 0 over the run, so the last steps do not decide the test score")
+    parser.add_argument("--lr-schedule", choices=("constant", "cosine", "cosine-rewind"), default="constant",
+                        help="cosine: anneal to 0 over the run, so the last steps do not decide the test score; "
+                             "cosine-rewind: after the last mask change, anneal again from the rate of the first one")
     parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     parser.add_argument("--weight-decay", type=float, default=5e-4, help="SGD weight decay")
     parser.add_argument("--seed", type=int, default=42, help="random seed")
@@ -199,6 +201,29 @@ def report_epoch(epoch: int, metrics: dict) -> None:
           f"({metrics['compression_ratio']:.2f}x) {metrics['samples_per_s']:.0f} samples/s", flush=True)
 
 
+def make_scheduler(optimizer: torch.optim.Optimizer, kind: str, total_steps: int,
+                   pruning: tuple[int, int] | None) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """``kind``'s learning-rate schedule; ``pruning`` is (first, last) mask change, None when dense.
+
+    ``cosine-rewind`` (learning-rate rewinding, Renda et al. 2020, fitted into the same steps): cosine until
+    the last mask change, then a second cosine from the rate the run had at the first one down to 0, so
+    the pruned network trains again at a high rate. Dense, it is plain cosine."""
+    if kind == "constant":
+        return None
+    total = max(total_steps, 1)
+    if kind == "cosine" or pruning is None or pruning[1] >= total:
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total)
+    first, last = pruning
+
+    def cosine(fraction: float) -> float:
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, fraction)))
+
+    def factor(step: int) -> float:
+        return cosine(step / total) if step < last else cosine(first / total) * cosine((step - last) / (total - last))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     hvd.init()
@@ -233,8 +258,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"Fashion-MNIST on {hvd.size()} workers: {parameters} parameters, "
               f"{total_steps} steps, sparsity {args.sparsity} (prune steps {begin}..{end} every {frequency}), "
               f"fp16 {args.fp16}, packed values {args.packed_values}", flush=True)
-    scheduler = (torch.optim.lr_scheduler.CosineAnnealingLR(optimizer.optimizer, T_max=max(total_steps, 1))
-                 if args.lr_schedule == "cosine" else None)
+    scheduler = make_scheduler(optimizer.optimizer, args.lr_schedule, total_steps,
+                               (begin, end) if args.sparsity > 0 else None)
     state = {"step": 0, "tally": WireTally(), "device": device, "scheduler": scheduler}
     history = []
     started = time.perf_counter()

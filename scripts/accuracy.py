@@ -46,6 +46,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKED_VALUES_FLAG = {"fp32": "inherit"}
 # The product's pruning window for ``total_steps=``, as fractions of the run (``core.schedule.RUN_WINDOW``).
 DEFAULT_WINDOW = "-".join(f"{f:g}" for f in RUN_WINDOW)
+# The image task's learning-rate schedule (its model_args); the language example has its own warm-up + cosine.
+DEFAULT_LR_SCHEDULE = "cosine"
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="pruning windows BEGIN-END as fractions of the run (the examples' --prune-window)")
     parser.add_argument("--updates", nargs="+", type=int, default=[RUN_MASK_UPDATES],
                         help="mask updates in the window (the examples' --prune-updates)")
+    parser.add_argument("--lr-schedules", nargs="+", choices=("cosine", "cosine-rewind"), default=[DEFAULT_LR_SCHEDULE],
+                        help="image learning-rate schedules (the example's --lr-schedule)")
     parser.add_argument("--out", default=str(REPO_ROOT / "reports" / "accuracy"), help="report folder")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds allowed per run")
     return parser.parse_args(argv)
@@ -104,12 +108,14 @@ class Run:
     seed: int
     window: str = DEFAULT_WINDOW
     updates: int = RUN_MASK_UPDATES
+    lr_schedule: str = DEFAULT_LR_SCHEDULE
 
     @property
     def name(self) -> str:
         variant = "".join(f"-{v}" for v, default in ((self.values, "fp32"), (self.ranking, "layer")) if v != default)
         variant += f"-w{self.window}" if self.window != DEFAULT_WINDOW else ""
         variant += f"-u{self.updates}" if self.updates != RUN_MASK_UPDATES else ""
+        variant += f"-{self.lr_schedule}" if self.lr_schedule != DEFAULT_LR_SCHEDULE else ""
         return f"{self.task.name}-s{self.sparsity:g}{variant}-seed{self.seed}"
 
 
@@ -144,6 +150,8 @@ def example_args(run: Run, args: argparse.Namespace, result_json: Path) -> list[
         flags += ["--prune-window", *run.window.split("-")]
     if run.updates != RUN_MASK_UPDATES:
         flags += ["--prune-updates", str(run.updates)]
+    if run.lr_schedule != DEFAULT_LR_SCHEDULE:
+        flags += ["--lr-schedule", run.lr_schedule]  # after model_args: the last one counts
     if run.task.name == "image":
         flags += ["--epochs", str(args.epochs)] + (["--max-steps", str(args.max_steps)] if args.max_steps else [])
     else:
@@ -158,9 +166,11 @@ def planned_runs(args: argparse.Namespace) -> list[Run]:
     runs = []
     for name in args.tasks:
         for sparsity in args.sparsities:
-            variants = ([("fp32", "layer", DEFAULT_WINDOW, RUN_MASK_UPDATES)] if sparsity == 0 else
-                        [(v, r, w, u) for u in args.updates for w in args.windows for r in args.rankings for v in args.values])
-            runs += [Run(TASKS[name], sparsity, v, r, seed, w, u) for v, r, w, u in variants for seed in args.seeds]
+            schedules = args.lr_schedules if name == "image" else [DEFAULT_LR_SCHEDULE]  # the LM has its own
+            variants = ([("fp32", "layer", DEFAULT_WINDOW, RUN_MASK_UPDATES, DEFAULT_LR_SCHEDULE)] if sparsity == 0 else
+                        [(v, r, w, u, lr) for lr in schedules for u in args.updates for w in args.windows
+                         for r in args.rankings for v in args.values])
+            runs += [Run(TASKS[name], sparsity, v, r, seed, w, u, lr) for v, r, w, u, lr in variants for seed in args.seeds]
     return runs
 
 
@@ -193,7 +203,7 @@ def run_one(run: Run, args: argparse.Namespace, out: Path) -> dict:
             returncode = "timeout"
     seconds = time.perf_counter() - started
     base = {"name": run.name, "task": run.task.name, "sparsity_target": run.sparsity, "values": run.values, "ranking": run.ranking,
-            "window": run.window, "updates": run.updates, "seed": run.seed, "launcher_seconds": seconds, "log": str(log_path)}
+            "window": run.window, "updates": run.updates, "lr_schedule": run.lr_schedule, "seed": run.seed, "launcher_seconds": seconds, "log": str(log_path)}
     if returncode != 0 or not result_json.is_file():
         tail = log_path.read_text(errors="replace").splitlines()[-15:]
         print(f"[accuracy] {run.name} FAILED ({returncode}); last lines of {log_path}:\n  " + "\n  ".join(tail),
@@ -210,16 +220,21 @@ def run_one(run: Run, args: argparse.Namespace, out: Path) -> dict:
 # -- reporting ------------------------------------------------------------------------------------
 def settings_of(run: dict) -> tuple:
     return (run["task"], run["sparsity_target"], run.get("values", "fp32"), run.get("ranking", "layer"),
-            run.get("window", DEFAULT_WINDOW), run.get("updates", RUN_MASK_UPDATES))
+            run.get("window", DEFAULT_WINDOW), run.get("updates", RUN_MASK_UPDATES),
+            run.get("lr_schedule", DEFAULT_LR_SCHEDULE))
 
 
 def grouped(runs: list[dict], task: Task) -> dict[tuple, list[dict]]:
-    """Finished runs of ``task`` by setting (sparsity, values, ranking, window, updates), seeds together, in run order."""
+    """Finished runs of ``task`` by setting (sparsity, values, ranking, window, updates, lr schedule), seeds together, in run order."""
     groups: dict[tuple, list[dict]] = {}
     for run in runs:
         if run["task"] == task.name and "error" not in run:
             groups.setdefault(settings_of(run)[1:], []).append(run)
     return groups
+
+
+# The dense run's setting in ``grouped``'s keys.
+DENSE = (0.0, "fp32", "layer", DEFAULT_WINDOW, RUN_MASK_UPDATES, DEFAULT_LR_SCHEDULE)
 
 
 def mean(values: list[float]) -> float:
@@ -228,14 +243,14 @@ def mean(values: list[float]) -> float:
 
 def markdown_table(runs: list[dict], task: Task) -> str:
     groups = grouped(runs, task)
-    dense = groups.get((0.0, "fp32", "layer", DEFAULT_WINDOW, RUN_MASK_UPDATES))
+    dense = groups.get(DENSE)
     dense_metric = mean([r[task.metric] for r in dense]) if dense else None
     parameters = next((r["parameters"] for g in groups.values() for r in g if "parameters" in r), None)
     lines = [f"### {task.label}", "", f"{parameters:,} parameters." if parameters else "", "",
-             f"| sparsity | ranking | values | window | updates | reached | {task.metric} (mean) | per seed | vs dense | "
+             f"| sparsity | ranking | values | window | updates | lr | reached | {task.metric} (mean) | per seed | vs dense | "
              "sent MB/run | kB/step, final masks | dense kB/step | train s (mean) |",
-             "|---:|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
-    for (sparsity, values, ranking, window, updates), group in groups.items():
+             "|---:|---|---|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for (sparsity, values, ranking, window, updates, lr_schedule), group in groups.items():
         metric = mean([r[task.metric] for r in group])
         if dense_metric is None:
             delta = "n/a"
@@ -249,7 +264,7 @@ def markdown_table(runs: list[dict], task: Task) -> str:
         per_step = [r["final_bytes_per_step"] for r in exact or group if r.get("final_bytes_per_step")]
         dense_per_step = mean([r["dense_bytes"] / r["steps"] for r in group])
         lines.append(
-            f"| {sparsity:g} | {ranking} | {values} | {window} | {updates} | {mean([r['sparsity'] for r in group]):.3f} | {metric:.4f} | "
+            f"| {sparsity:g} | {ranking} | {values} | {window} | {updates} | {lr_schedule} | {mean([r['sparsity'] for r in group]):.3f} | {metric:.4f} | "
             + ", ".join(f"{r[task.metric]:.4f}" for r in group) + f" | {delta} | "
             f"{mean([r['sent_bytes'] for r in group]) / 1e6:.0f} | "
             + (f"{mean(per_step) / 1e3:.0f}" if per_step else "n/a")
@@ -287,7 +302,7 @@ def write_plot(path: Path, runs: list[dict], task_names: list[str]) -> None:
     for axis, name in zip(axes[0], task_names):
         task = TASKS[name]
         groups = grouped(runs, task)
-        dense = groups.get((0.0, "fp32", "layer", DEFAULT_WINDOW, RUN_MASK_UPDATES), [])
+        dense = groups.get(DENSE, [])
         for variant in dict.fromkeys(tuple(rest) for (s, *rest) in groups if s > 0):
             points = {s: g for (s, *rest), g in groups.items() if tuple(rest) == variant}
             points.update({0.0: dense} if dense else {})

@@ -34,7 +34,7 @@ def test_a_window_other_than_the_default_is_a_variant_with_its_own_flag_and_row(
         accuracy.parse_args(["--windows", "0.6-0.1"])
     table = accuracy.markdown_table([made_up(0.0, 1, 0.92), dict(made_up(0.9, 1, 0.91), window="0-0.3")],
                                     accuracy.TASKS["image"])
-    assert "| 0.9 | layer | fp32 | 0-0.3 | 10 | 0.900 | 0.9100 | 0.9100 | -1.00 pp |" in table
+    assert "| 0.9 | layer | fp32 | 0-0.3 | 10 | cosine | 0.900 | 0.9100 | 0.9100 | -1.00 pp |" in table
 
 
 def test_a_mask_update_count_other_than_the_default_is_a_variant_with_its_own_flag_and_row():
@@ -46,7 +46,7 @@ def test_a_mask_update_count_other_than_the_default_is_a_variant_with_its_own_fl
     assert flags[flags.index("--prune-updates") + 1] == "40"
     table = accuracy.markdown_table([made_up(0.0, 1, 0.92), dict(made_up(0.8, 1, 0.918), updates=40)],
                                     accuracy.TASKS["image"])
-    assert "| 0.8 | layer | fp32 | 0.1-0.6 | 40 | 0.800 | 0.9180 | 0.9180 | -0.20 pp |" in table
+    assert "| 0.8 | layer | fp32 | 0.1-0.6 | 40 | cosine | 0.800 | 0.9180 | 0.9180 | -0.20 pp |" in table
 
 
 def made_up(sparsity, seed, metric, ranking="layer"):
@@ -85,3 +85,14 @@ def test_final_mask_column_uses_only_seeds_that_record_the_last_step():
     last_step = dict(made_up(0.9, 2, 0.92), final_bytes_per_step=2e5, last_step_sent_bytes=2e5)
     table = accuracy.markdown_table([epoch_mean, last_step], accuracy.TASKS["image"])
     assert "| 4 | 200 | 2000 |" in table.splitlines()[-1]
+
+
+def test_a_learning_rate_rewind_is_an_image_variant_whose_flag_comes_after_the_tasks_own():
+    args = accuracy.parse_args(["--tasks", "image", "language", "--sparsities", "0.8", "--seeds", "1",
+                                "--lr-schedules", "cosine", "cosine-rewind"])
+    runs = accuracy.planned_runs(args)
+    assert [run.name for run in runs] == ["image-s0.8-erk-seed1", "image-s0.8-erk-cosine-rewind-seed1",
+                                          "language-s0.8-erk-seed1"]
+    flags = accuracy.example_args(runs[1], args, Path("r.json"))
+    assert flags[len(flags) - 1 - flags[::-1].index("--lr-schedule") + 1] == "cosine-rewind"
+    assert flags.index("--lr-schedule", flags.index("--lr-schedule") + 1) > flags.index("--sparsity")
