@@ -264,7 +264,7 @@ def markdown_table(runs: list[dict], task: Task) -> str:
         per_step = [r["final_bytes_per_step"] for r in exact or group if r.get("final_bytes_per_step")]
         dense_per_step = mean([r["dense_bytes"] / r["steps"] for r in group])
         lines.append(
-            f"| {sparsity:g} | {ranking} | {values} | {window} | {updates} | {lr_schedule} | {mean([r['sparsity'] for r in group]):.3f} | {metric:.4f} | "
+            f"| {sparsity:g} | {ranking} | {values} | {window} | {updates} | {lr_schedule if task.name == 'image' else 'its own'} | {mean([r['sparsity'] for r in group]):.3f} | {metric:.4f} | "
             + ", ".join(f"{r[task.metric]:.4f}" for r in group) + f" | {delta} | "
             f"{mean([r['sent_bytes'] for r in group]) / 1e6:.0f} | "
             + (f"{mean(per_step) / 1e3:.0f}" if per_step else "n/a")
