@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 import pactrain_hvd.torch as pt
+from pactrain_hvd.core import rewound_cosine
 from pactrain_hvd.example_support.cli import add_pactrain_arguments, schedule_arguments
 from pactrain_hvd.example_support.data import load_fashion_mnist
 from pactrain_hvd.example_support.progress import Progress
@@ -201,27 +201,13 @@ def report_epoch(epoch: int, metrics: dict) -> None:
           f"({metrics['compression_ratio']:.2f}x) {metrics['samples_per_s']:.0f} samples/s", flush=True)
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, kind: str, total_steps: int,
-                   pruning: tuple[int, int] | None) -> torch.optim.lr_scheduler.LRScheduler | None:
-    """``kind``'s learning-rate schedule; ``pruning`` is (first, last) mask change, None when dense.
-
-    ``cosine-rewind`` (learning-rate rewinding, Renda et al. 2020, fitted into the same steps): cosine until
-    the last mask change, then a second cosine from the rate the run had at the first one down to 0, so
-    the pruned network trains again at a high rate. Dense, it is plain cosine."""
+def make_scheduler(optimizer: pt.DistributedOptimizer, kind: str, total_steps: int) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """``kind``'s learning-rate schedule; ``cosine-rewind`` rewinds it at the last mask change (``rewound_cosine``)."""
     if kind == "constant":
         return None
-    total = max(total_steps, 1)
-    if kind == "cosine" or pruning is None or pruning[1] >= total:
-        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total)
-    first, last = pruning
-
-    def cosine(fraction: float) -> float:
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, fraction)))
-
-    def factor(step: int) -> float:
-        return cosine(step / total) if step < last else cosine(first / total) * cosine((step - last) / (total - last))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    if kind == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer.optimizer, T_max=max(total_steps, 1))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer, rewound_cosine(optimizer.config.schedule, total_steps))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -258,8 +244,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"Fashion-MNIST on {hvd.size()} workers: {parameters} parameters, "
               f"{total_steps} steps, sparsity {args.sparsity} (prune steps {begin}..{end} every {frequency}), "
               f"fp16 {args.fp16}, packed values {args.packed_values}", flush=True)
-    scheduler = make_scheduler(optimizer.optimizer, args.lr_schedule, total_steps,
-                               (begin, end) if args.sparsity > 0 else None)
+    scheduler = make_scheduler(optimizer, args.lr_schedule, total_steps)
     state = {"step": 0, "tally": WireTally(), "device": device, "scheduler": scheduler}
     history = []
     started = time.perf_counter()

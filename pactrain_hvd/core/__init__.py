@@ -15,7 +15,7 @@ from pactrain_hvd.core.masks import (
 )
 from pactrain_hvd.core.plan import should_pack
 from pactrain_hvd.core.resume import check_saved_world_size, saved_by_this_rank, while_running
-from pactrain_hvd.core.schedule import PolynomialSchedule
+from pactrain_hvd.core.schedule import PolynomialSchedule, rewound_cosine
 
 __all__ = [
     "CheckpointError",
@@ -38,6 +38,7 @@ __all__ = [
     "overall_sparsity",
     "prunable_predicate",
     "ring_allreduce_bytes",
+    "rewound_cosine",
     "should_pack",
     "validate_mask",
     "validate_masks",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -98,3 +100,28 @@ def schedule_steps(total_steps: int | None = None, begin_step: int | None = None
         end = max(begin, int(total_steps * RUN_WINDOW[1])) if end_step is None else end_step
         defaults = (begin, end, max(1, (end - begin) // RUN_MASK_UPDATES))
     return tuple(default if value is None else value for default, value in zip(defaults, given.values()))
+
+
+def rewound_cosine(schedule: PolynomialSchedule, total_steps: int) -> Callable[[int], float]:
+    """Learning-rate factor per step: cosine to 0 over ``total_steps``, rewound at the last mask change.
+
+    Until ``schedule.end_step`` it is plain cosine; from there a second cosine runs from the factor the
+    run had at ``schedule.begin_step`` down to 0 at ``total_steps``, so the pruned network trains again at
+    a high rate (learning-rate rewinding, Renda et al. 2020, fitted into the same steps). With nothing to
+    prune, or no step left after the last mask change, it is plain cosine. For ``LambdaLR`` (torch) or a
+    Keras ``LearningRateScheduler``.
+    """
+    if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps <= 0:
+        raise ValueError(f"total_steps must be a positive int (the run's optimizer steps), got {total_steps!r}")
+    first, last = schedule.begin_step, schedule.end_step
+    rewinds = schedule.final_sparsity > 0 and last < total_steps
+
+    def cosine(fraction: float) -> float:
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, fraction)))
+
+    def factor(step: int) -> float:
+        if not rewinds or step < last:
+            return cosine(step / total_steps)
+        return cosine(first / total_steps) * cosine((step - last) / (total_steps - last))
+
+    return factor

@@ -1,6 +1,8 @@
+import math
+
 import pytest
 
-from pactrain_hvd.core import PolynomialSchedule
+from pactrain_hvd.core import PolynomialSchedule, rewound_cosine
 from pactrain_hvd.core.config import PacTrainConfig
 from pactrain_hvd.core.schedule import schedule_steps
 
@@ -88,3 +90,25 @@ def test_next_update_is_the_schedules_next_update_step(begin, end, frequency):
         expected = next((s for s in range(step + 1, end + 1) if schedule.is_update_step(s)), None)
         assert schedule.next_update_after(step) == expected, step
     assert PolynomialSchedule(0.0, 0, 10, 1).next_update_after(-1) is None
+
+
+def test_rewound_cosine_anneals_again_from_the_first_mask_changes_rate_after_the_last():
+    factor = rewound_cosine(PolynomialSchedule(0.8, begin_step=10, end_step=60, frequency=5), 100)
+    cosine = [0.5 * (1 + math.cos(math.pi * step / 100)) for step in range(100)]
+    rates = [factor(step) for step in range(100)]
+    assert rates[:60] == pytest.approx(cosine[:60])
+    assert rates[60] == pytest.approx(cosine[10]) and rates[60] > 2 * cosine[60]
+    assert all(a >= b for a, b in zip(rates[60:], rates[61:])) and rates[-1] < 0.01
+
+
+@pytest.mark.parametrize("schedule", [PolynomialSchedule(0.0, begin_step=10, end_step=60),  # nothing to prune
+                                      PolynomialSchedule(0.8, begin_step=10, end_step=100)])  # no step after the last change
+def test_rewound_cosine_without_a_rewind_is_plain_cosine(schedule):
+    factor = rewound_cosine(schedule, 100)
+    assert [factor(step) for step in range(100)] == pytest.approx([0.5 * (1 + math.cos(math.pi * s / 100)) for s in range(100)])
+
+
+@pytest.mark.parametrize("total_steps", [0, -5, 10.0, True])
+def test_rewound_cosine_needs_a_positive_int_of_steps(total_steps):
+    with pytest.raises(ValueError, match="total_steps"):
+        rewound_cosine(PolynomialSchedule(0.8), total_steps)

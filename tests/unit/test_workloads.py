@@ -8,7 +8,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from pytorch_char_lm import CharGPT, clipped_step, default_warmup, warmup_cosine  # noqa: E402
-from pytorch_fashion_mnist import FashionVGG, make_scheduler  # noqa: E402
+from pytorch_fashion_mnist import FashionVGG  # noqa: E402
 
 from pactrain_hvd.torch.pruning import default_prunable  # noqa: E402
 
@@ -46,21 +46,3 @@ def test_clipped_step_on_a_plain_optimizer_clips_the_gradient_norm_before_steppi
     weight.grad = torch.full((4,), 3.0)  # norm 6
     clipped_step(torch.optim.SGD([weight], lr=1.0), [weight], clip_norm=1.0)
     assert weight.detach().tolist() == pytest.approx([-0.5] * 4)
-
-
-def learning_rates(kind, pruning, steps=100):
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    scheduler, rates = make_scheduler(optimizer, kind, steps, pruning), []
-    for _ in range(steps):
-        rates.append(optimizer.param_groups[0]["lr"])
-        optimizer.step()
-        scheduler.step()
-    return rates
-
-
-def test_the_rewind_anneals_again_from_the_first_mask_changes_rate_after_the_last():
-    cosine, rewind = learning_rates("cosine", (10, 60)), learning_rates("cosine-rewind", (10, 60))
-    assert rewind[:60] == pytest.approx(cosine[:60])
-    assert rewind[60] == pytest.approx(cosine[10]) and rewind[60] > 2 * cosine[60]
-    assert all(a >= b for a, b in zip(rewind[60:], rewind[61:])) and rewind[-1] < 0.01
-    assert learning_rates("cosine-rewind", None) == pytest.approx(cosine)  # dense: plain cosine
