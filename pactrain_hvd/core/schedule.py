@@ -108,8 +108,8 @@ def rewound_cosine(schedule: PolynomialSchedule, total_steps: int) -> Callable[[
     Until ``schedule.end_step`` it is plain cosine; from there a second cosine runs from the factor the
     run had at ``schedule.begin_step`` down to 0 at ``total_steps``, so the pruned network trains again at
     a high rate (learning-rate rewinding, Renda et al. 2020, fitted into the same steps). With nothing to
-    prune, or no step left after the last mask change, it is plain cosine. For ``LambdaLR`` (torch) or a
-    Keras ``LearningRateScheduler``.
+    prune, or no step left after the last mask change, it is plain cosine. A plain function of the step
+    (framework-free): torch's ``LambdaLR`` takes it as it is.
     """
     if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps <= 0:
         raise ValueError(f"total_steps must be a positive int (the run's optimizer steps), got {total_steps!r}")
