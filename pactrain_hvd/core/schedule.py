@@ -1,4 +1,4 @@
-"""Gradual magnitude-pruning schedule (Zhu & Gupta 2017), the cubic PolynomialDecay of tfmot."""
+"""Gradual magnitude-pruning schedule (Zhu & Gupta 2017), the cubic PolynomialDecay of tfmot, and the learning-rate rewind that suits it."""
 
 from __future__ import annotations
 
