@@ -48,6 +48,8 @@ PACKED_VALUES_FLAG = {"fp32": "inherit"}
 DEFAULT_WINDOW = "-".join(f"{f:g}" for f in RUN_WINDOW)
 # The image task's learning-rate schedule (its model_args); the language example has its own warm-up + cosine.
 DEFAULT_LR_SCHEDULE = "cosine"
+# The dense run's setting (sparsity, values, ranking, window, updates, lr schedule): ``grouped``'s key.
+DENSE = (0.0, "fp32", "layer", DEFAULT_WINDOW, RUN_MASK_UPDATES, DEFAULT_LR_SCHEDULE)
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,7 @@ def planned_runs(args: argparse.Namespace) -> list[Run]:
     for name in args.tasks:
         for sparsity in args.sparsities:
             schedules = args.lr_schedules if name == "image" else [DEFAULT_LR_SCHEDULE]  # the LM has its own
-            variants = ([("fp32", "layer", DEFAULT_WINDOW, RUN_MASK_UPDATES, DEFAULT_LR_SCHEDULE)] if sparsity == 0 else
+            variants = ([DENSE[1:]] if sparsity == 0 else
                         [(v, r, w, u, lr) for lr in schedules for u in args.updates for w in args.windows
                          for r in args.rankings for v in args.values])
             runs += [Run(TASKS[name], sparsity, v, r, seed, w, u, lr) for v, r, w, u, lr in variants for seed in args.seeds]
@@ -231,10 +233,6 @@ def grouped(runs: list[dict], task: Task) -> dict[tuple, list[dict]]:
         if run["task"] == task.name and "error" not in run:
             groups.setdefault(settings_of(run)[1:], []).append(run)
     return groups
-
-
-# The dense run's setting in ``grouped``'s keys.
-DENSE = (0.0, "fp32", "layer", DEFAULT_WINDOW, RUN_MASK_UPDATES, DEFAULT_LR_SCHEDULE)
 
 
 def mean(values: list[float]) -> float:
