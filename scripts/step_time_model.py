@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         loopback = json.loads(args.tta_loopback.read_text())
         rows = [dict(row, cell=f"{path.parent.name}: {row['cell']}") for path in args.tta_records
                 for row in tta_rows(json.loads(path.read_text()), loopback, prof)]
-        print(f"Validation against the time-to-accuracy records {', '.join(str(p.relative_to(ROOT)) for p in args.tta_records)} "
+        print(f"Validation against the time-to-accuracy records {', '.join(str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p) for p in args.tta_records)} "
               f"({len(rows)} runs, cycle {TTA_CYCLE_TIME_S * 1e3:g} ms, CPU phases for B from {args.tta_loopback.parent.name})\n")
         print(tta_table(rows))
         print("\n" + validation_summary(rows) + "\n")
