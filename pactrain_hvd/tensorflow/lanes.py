@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from pactrain_hvd.core.lanes import CODE_OFFSET, WORD_BITS, LaneLayout, lane_layout
+from pactrain_hvd.core.lanes import CODE_OFFSET, SCALE_OVER_MEAN, WORD_BITS, LaneLayout, lane_layout
 
 
 class TensorLayout(NamedTuple):
@@ -37,8 +37,14 @@ def _shifts(layout: LaneLayout | TensorLayout) -> tf.Tensor:
     return tf.range(layout.lanes, dtype=tf.int32) * layout.width
 
 
+def local_scale(values: tf.Tensor) -> tf.Tensor:
+    """This rank's proposal for the tensor's scale, 0 for no values (see core ``local_scale``)."""
+    mean = tf.math.divide_no_nan(tf.reduce_sum(tf.abs(values)), tf.cast(tf.size(values), values.dtype))
+    return SCALE_OVER_MEAN * mean
+
+
 def stochastic_ternary(values: tf.Tensor, scale: tf.Tensor, noise: tf.Tensor) -> tf.Tensor:
-    """``sign(v)`` with probability ``|v| / scale``, else 0, as int8 (see core ``stochastic_ternary``)."""
+    """``sign(v)`` with probability ``min(1, |v| / scale)``, else 0, as int8 (see core ``stochastic_ternary``)."""
     keep = noise * scale < tf.abs(values)
     return tf.cast(tf.sign(values) * tf.cast(keep, values.dtype), tf.int8)
 

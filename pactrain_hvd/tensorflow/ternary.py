@@ -1,14 +1,15 @@
 """Ternary values for packed tensors: what each rank remembers between steps, and how they travel.
 
-As in ``pactrain_hvd.torch.ternary``: ``ErrorFeedback`` (``memory.py``) is the memory, ``TernaryReduction`` moves
-the values. Each tensor's codes are rounded at a scale every rank already holds (the previous
-step's MAX over ranks of ``|values|``, in a variable), so its lane-packed int32 words go through an
-ordinary SUM all-reduce that waits for nothing but its own gradient; beside it, a MAX all-reduce
-of this step's ``|values|`` gives the next step's scale. Where no scale is held yet (NaN: the first
-step, a checkpoint without scales) a ``tf.cond`` takes this step's MAX instead; both branches issue
-the same collectives. Everything is graph ops reading TF variables, so a traced step follows mask
-and plan changes without retracing: ``PacTrainState`` runs the ternary reduction of a tensor inside
-a ``tf.cond`` on its plan (only packed values are quantized).
+As in ``pactrain_hvd.torch.ternary``: ``ErrorFeedback`` (``memory.py``) is the memory,
+``TernaryReduction`` moves the values. Each tensor's codes are rounded at a scale every rank
+already holds (the previous step's MAX over ranks of ``local_scale``, a multiple of each rank's
+mean ``|value|``, in a variable), so its lane-packed int32 words go through an ordinary SUM
+all-reduce that waits for nothing but its own gradient; beside it, a MAX all-reduce of this step's
+``local_scale`` gives the next step's scale. Where no scale is held yet (NaN: the first step, a
+checkpoint without scales) a ``tf.cond`` takes this step's MAX instead; both branches issue the
+same collectives. Everything is graph ops reading TF variables, so a traced step follows mask and
+plan changes without retracing: ``PacTrainState`` runs the ternary reduction of a tensor inside a
+``tf.cond`` on its plan (only packed values are quantized).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import tensorflow as tf
 
 from pactrain_hvd.core.lanes import NOISE_SEED, SCALE_BYTES
 from pactrain_hvd.tensorflow.compression import PacTrainCompressor
-from pactrain_hvd.tensorflow.lanes import decode, encode, layout_for, stochastic_ternary
+from pactrain_hvd.tensorflow.lanes import decode, encode, layout_for, local_scale, stochastic_ternary
 from pactrain_hvd.tensorflow.memory import ErrorFeedback
 
 
@@ -80,7 +81,7 @@ class TernaryReduction:
         held scale stays as it was.
         """
         value = self.memory.add(name, tf.cast(compressor.survivors(grad), tf.float32))
-        local = tf.maximum(tf.reduce_max(tf.abs(value)), 0.0)  # empty: 0
+        local = local_scale(value)
         local = tf.where(tf.reduce_all(tf.math.is_finite(value)), local, float("inf"))  # Horovod's MAX may drop NaN
         step_max = hvd.allreduce(tf.reshape(local, [1]), op=hvd.Max, name=f"{wire_name}_scale",
                                  process_set=self.process_set)[0]

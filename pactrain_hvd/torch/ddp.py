@@ -38,7 +38,7 @@ from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY, pack
 from pactrain_hvd.core.lanes import LaneLayout, ternary_layout
 from pactrain_hvd.torch.checkpoint import saved_step_and_masks
 from pactrain_hvd.torch.compression import fills_storage, storage_view
-from pactrain_hvd.torch.lanes import decode, encode, stochastic_ternary
+from pactrain_hvd.torch.lanes import decode, encode, local_scale, stochastic_ternary
 from pactrain_hvd.torch.memory import ErrorFeedback
 from pactrain_hvd.torch.pruning import Prunable, Pruner, TableExchange, select_prunable, zero_stays_zero
 
@@ -292,7 +292,7 @@ class PacTrainHookState:
 
 def _ternary_allreduce(state: PacTrainHookState, plan: BucketPlan, buffer: torch.Tensor,
                        group: dist.ProcessGroup) -> torch.futures.Future[torch.Tensor]:
-    """Each parameter's survivors + error memory, one MAX all-reduce of their max |value| (a scale per
+    """Each parameter's survivors + error memory, one MAX all-reduce of their ``local_scale`` (a scale per
     parameter, as in the Horovod frontend, so nothing depends on how DDP groups parameters into
     buckets), then their stochastic ternary codes summed in int32 lanes.
 
@@ -302,7 +302,7 @@ def _ternary_allreduce(state: PacTrainHookState, plan: BucketPlan, buffer: torch
     names, counts = zip(*plan.segments)
     parts = [state.memory.add(name, part) for name, part in
              zip(names, torch.take(buffer, plan.surviving).float().split(counts))]
-    scales = torch.stack([part.abs().max() if part.numel() else part.new_zeros(()) for part in parts])
+    scales = torch.stack([local_scale(part) for part in parts])
     dist.all_reduce(scales, op=dist.ReduceOp.MAX, group=group)
     values = torch.cat(parts)
     per_value = torch.repeat_interleave(scales, torch.tensor(counts, device=scales.device))

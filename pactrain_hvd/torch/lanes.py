@@ -10,7 +10,7 @@ import functools
 
 import torch
 
-from pactrain_hvd.core.lanes import CODE_OFFSET, LaneLayout
+from pactrain_hvd.core.lanes import CODE_OFFSET, SCALE_OVER_MEAN, LaneLayout
 
 
 @functools.cache
@@ -19,8 +19,13 @@ def _shifts(layout: LaneLayout, device: torch.device) -> torch.Tensor:
     return torch.tensor(layout.shifts, dtype=torch.int32, device=device)
 
 
+def local_scale(values: torch.Tensor) -> torch.Tensor:
+    """This rank's proposal for the tensor's scale, 0 for no values (see core ``local_scale``)."""
+    return SCALE_OVER_MEAN * values.abs().mean() if values.numel() else values.new_zeros(())
+
+
 def stochastic_ternary(values: torch.Tensor, scale: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """``sign(v)`` with probability ``|v| / scale``, else 0, as int8 (see core ``stochastic_ternary``)."""
+    """``sign(v)`` with probability ``min(1, |v| / scale)``, else 0, as int8 (see core ``stochastic_ternary``)."""
     keep = noise * scale < values.abs()
     return (torch.sign(values) * keep).to(torch.int8)
 

@@ -1,14 +1,16 @@
 """Ternary values for packed tensors: what each rank remembers between steps, and how they travel.
 
 GRACE's split: ``PacTrainCompressor.compress_ternary`` decides what to send, ``ErrorFeedback``
-(``memory.py``) is the memory, ``TernaryReduction`` moves it. Each tensor's codes are rounded at a scale every rank already
-holds: the MAX over ranks of the previous step's ``|values|`` (identical everywhere, since it came from
-a collective). So the codes' SUM all-reduce starts from the gradient hook, as fp16 values do, with no
-blocking collective in between; beside it, an asynchronous MAX all-reduce of this step's ``|values|``
+(``memory.py``) is the memory, ``TernaryReduction`` moves it. Each tensor's codes are rounded at a
+scale every rank already holds: the MAX over ranks of the previous step's ``local_scale`` (a
+multiple of each rank's mean ``|value|``; identical everywhere, since it came from a collective).
+So the codes' SUM all-reduce starts from the gradient hook, as fp16 values do, with no blocking
+collective in between; beside it, an asynchronous MAX all-reduce of this step's ``local_scale``
 gives the next step's scale. A value beyond the held scale is sent as ``sign * scale`` and the rest
-stays in the error memory. Only where no scale is held yet (the first step, a new tensor, a checkpoint
-without scales) the codes wait for this step's MAX, in ``synchronize()``. Both cases issue the same
-two collectives under the same names, so ranks that disagree about a held scale cannot hang.
+stays in the error memory. Only where no scale is held yet (the first step, a new tensor, a
+checkpoint without scales) the codes wait for this step's MAX, in ``synchronize()``. Both cases
+issue the same two collectives under the same names, so ranks that disagree about a held scale
+cannot hang.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from horovod.torch.mpi_ops import allreduce_async_, synchronize
 from pactrain_hvd.core import CheckpointError
 from pactrain_hvd.core.lanes import NOISE_SEED, LaneLayout
 from pactrain_hvd.torch.compression import PacTrainCompressor
-from pactrain_hvd.torch.lanes import stochastic_ternary
+from pactrain_hvd.torch.lanes import local_scale, stochastic_ternary
 from pactrain_hvd.torch.memory import ErrorFeedback
 
 
@@ -105,7 +107,7 @@ class TernaryReduction:
     def start(self, name: str, grad: torch.Tensor, compressor: PacTrainCompressor, average: bool) -> TernarySend:
         """Launch ``name``'s MAX all-reduce, and its codes' SUM all-reduce where a scale is held. No sync."""
         values = self.memory.add(name, compressor.gather(grad).float())
-        local = values.abs().amax() if values.numel() else values.new_zeros(())
+        local = local_scale(values)
         # An overflow on any rank makes the MAX inf on every rank (Horovod's MAX may drop a NaN).
         local = torch.where(torch.isfinite(values).all(), local, torch.full_like(local, float("inf")))
         max_handle = allreduce_async_(local.reshape(1), name=f"{name}.pactrain.scale", op=hvd.Max,

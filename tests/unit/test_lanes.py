@@ -127,6 +127,33 @@ def test_torch_and_numpy_rounding_agree():
     assert np.all(core.stochastic_ternary(np.zeros(5), 0.0, rng.random(5)) == 0)  # a zero scale
 
 
+def test_local_scale_is_a_multiple_of_the_mean_magnitude_in_every_frontend():
+    values = np.random.default_rng(2).standard_t(2, size=1000).astype(np.float32)
+    expected = core.local_scale(values)
+    assert expected == pytest.approx(core.SCALE_OVER_MEAN * np.abs(values).mean(), rel=1e-6)
+    assert torch_lanes.local_scale(torch.from_numpy(values)).item() == pytest.approx(expected, rel=1e-6)
+    assert tf_lanes.local_scale(tf.constant(values)).numpy() == pytest.approx(expected, rel=1e-6)
+    empty = np.zeros(0, np.float32)  # a tensor with no survivors proposes 0, not NaN
+    assert core.local_scale(empty) == 0 and torch_lanes.local_scale(torch.from_numpy(empty)).item() == 0
+    assert tf_lanes.local_scale(tf.constant(empty)).numpy() == 0
+
+
+def test_at_the_local_scale_the_sent_values_do_not_inflate_a_second_moment_as_at_the_max():
+    """Why the scale is a multiple of the mean |value|: a value under the scale arrives as ``scale`` or 0, so the
+    mean square of what is sent (what Adam divides by) grows with the scale (core ``local_scale``)."""
+    rng = np.random.default_rng(3)
+    values = rng.laplace(size=20000).astype(np.float32)  # a gradient's tails: the max is ~10 mean |value|
+    noise = rng.random(values.size).astype(np.float32)
+
+    def second_moment(scale):
+        return float(np.mean((core.stochastic_ternary(values, scale, noise) * scale) ** 2))
+
+    dense = float(np.mean(values ** 2))
+    at_max, at_local = second_moment(np.abs(values).max()), second_moment(core.local_scale(values))
+    assert at_max > 4 * dense  # 9.9 against 2.0
+    assert at_local < dense  # 1.7: values beyond the scale wait in the error memory
+
+
 def test_stochastic_rounding_is_unbiased():
     values = np.array([-1.0, -0.7, -0.25, 0.0, 0.1, 0.5, 0.9, 1.0], dtype=np.float32)
     scale, draws = 1.0, 20000

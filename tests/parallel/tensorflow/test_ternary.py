@@ -1,4 +1,4 @@
-"""packed_values='ternary' and 'fp16' in the TF frontend: ternary codes at a held scale (the previous step's MAX over ranks)
+"""packed_values='ternary' and 'fp16' in the TF frontend: ternary codes at a held scale (the previous step's MAX over ranks of a multiple of the mean |value|)
 summed in int32 lanes by Horovod, with error feedback, inside tf.function across mask changes; fp16 packed values;
 Keras model.fit; bad arguments; checkpoints of the memory and the held scales."""
 
@@ -12,7 +12,7 @@ from conftest import assert_same_on_all_ranks, batch, gathered_equal, keras, los
 
 import pactrain_hvd.tensorflow as pt
 import pactrain_hvd.tensorflow.keras as ptk
-from pactrain_hvd.core.lanes import SCALE_BYTES, ternary_layout
+from pactrain_hvd.core.lanes import SCALE_BYTES, SCALE_OVER_MEAN, ternary_layout
 from pactrain_hvd.tensorflow.compression import PACKED
 
 
@@ -70,7 +70,7 @@ def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
             indices, numel = state._compressors[name].surviving_indices.numpy(), variables[name].shape.num_elements()
             residual = remapped(before[name], old_indices[name], indices, numel)
             values = local[name].numpy().reshape(-1)[indices] + residual  # error feedback: last step's error added
-            step_max = hvd.allreduce(tf.reduce_max(tf.abs(values)), op=hvd.Max, name=f"ref.scale.{op}.{number}.{name}")
+            step_max = hvd.allreduce(SCALE_OVER_MEAN * tf.reduce_mean(tf.abs(values)), op=hvd.Max, name=f"ref.scale.{op}.{number}.{name}")
             step_max = np.float32(step_max.numpy())
             # the first packed step agrees this step's MAX; later steps round at the one held from the step before
             assert np.isnan(held[name]) == (number == 2), (name, number, held[name])

@@ -1,7 +1,7 @@
 """packed_values='ternary': shared-scale ternary codes summed in int32 lanes by Horovod, with error feedback.
 
 The scale of a tensor's codes is the one every rank holds: the MAX over ranks of the previous step's
-values, so the codes leave from the gradient hook; a tensor without one waits for this step's MAX."""
+SCALE_OVER_MEAN x mean |value|, so the codes leave from the gradient hook; a tensor without one waits for this step's MAX."""
 
 import copy
 
@@ -11,7 +11,7 @@ import torch
 from conftest import amp_step, assert_same_on_all_ranks, loss_of, make_model
 
 import pactrain_hvd.torch as pt
-from pactrain_hvd.core.lanes import ternary_layout
+from pactrain_hvd.core.lanes import SCALE_OVER_MEAN, ternary_layout
 
 
 def named(model, prefix):
@@ -60,7 +60,7 @@ def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
             values = local[name].reshape(-1)[indices]
             if residual_before[name] is not None:
                 values = values + residual_before[name]
-            step_max = hvd.allreduce(values.abs().max().reshape(1), op=hvd.Max, name=f"ref.scale.{name}")[0]
+            step_max = hvd.allreduce((SCALE_OVER_MEAN * values.abs().mean()).reshape(1), op=hvd.Max, name=f"ref.scale.{name}")[0]
             scale = step_max if held[name] is None else held[name]
             assert torch.equal(opt.pactrain_state._ternary.scales[name], step_max), "the next scale is this step's MAX"
             dequantized = values - opt.pactrain_state._ternary.memory.pending[name]  # what this rank sent: t * scale (no step
