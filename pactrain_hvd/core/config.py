@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -127,7 +128,7 @@ class PacTrainConfig:
         begin_step, end_step, frequency = schedule_steps(total_steps, begin_step, end_step, frequency)
         return cls(**settings, **plan, begin_step=begin_step, end_step=end_step, frequency=frequency)
 
-    @property
+    @functools.cached_property  # read at every step; the config is frozen, so built once
     def schedule(self) -> PolynomialSchedule:
         return PolynomialSchedule(
             final_sparsity=float(self.sparsity),
