@@ -33,7 +33,7 @@ from pactrain_hvd.bench.harness import (
     run_job,
 )
 from pactrain_hvd.bench.links import Loopback, Topology, namespaces_unavailable, parse_link
-from pactrain_hvd.bench.tta_report import write_report
+from pactrain_hvd.bench.tta_report import adopt_reference, write_report
 
 REPO = Path(__file__).resolve().parents[2]
 METHODS = ("dense", "fp16", "topk", "powersgd", "pactrain-0.8-fp16", "pactrain-0.9-fp16", "pactrain-0.9-ternary",
@@ -161,7 +161,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--loopback", action="store_true", help="no link emulation, even as root")
     parser.add_argument("--record", type=Path, default=REPO / "bench" / "results" / "tta" / "record.json")
     parser.add_argument("--report-only", action="store_true", help="rebuild the report from --record")
+    parser.add_argument("--reference", type=Path, default=None,
+                        help="another part's record: its fp16 final sets the target of cells run here without fp16")
     args = parser.parse_args(argv)
+    if args.reference is not None and not args.reference.is_file():
+        parser.error(f"--reference {args.reference}: no such record")
     if args.quick:
         args.workloads, args.links, args.workers, args.methods = ["image"], ["100mbit"], [2], list(QUICK_METHODS)
         args.steps, args.eval_every, args.eval_samples = 6, 3, 1000
@@ -183,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[tta] FAILED: {error}", flush=True)
                 write_report(record, args.record.parent)
                 return 1
+    if args.reference is not None:
+        adopt_reference(record, load_record(args.reference), str(args.reference))
+        save_record(args.record, record)
     markdown = write_report(record, args.record.parent)
     print(markdown, flush=True)
     return 0

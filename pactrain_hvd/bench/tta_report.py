@@ -1,7 +1,8 @@
 """The time-to-accuracy report from the record of ``tta.py``: one table and one plot per cell.
 
-Targets, per cell: dense fp16's final metric less 0.5 pp of accuracy (or 1 % more perplexity),
-and a lower one that every method reaches (the worst final metric, if below the first). *At
+Targets, per cell: dense fp16's final metric less 0.5 pp of accuracy (or 1 % more perplexity; a part
+without an fp16 run takes fp16's final from another part's record, ``tta --reference``), and a
+lower one that every method reaches (the worst final metric, if below the first). *At
 budget*: each method's metric at the training time of the fastest run, the same wall clock for
 all (dense has done fewer steps by then). Training time excludes evaluation. *x bound* is a run's
 throughput over the concurrent compute bound; *last third* the same from the median step time of
@@ -51,11 +52,38 @@ def at_budget(curve: list[list[float]], budget_s: float) -> float | None:
     return within[-1] if within else None
 
 
+REFERENCES = ("fp16", "ddp-fp16", "dense", "ddp")  # the first of these in a cell sets its first target
+
+
+def reference_final(cell: dict) -> tuple[float, str]:
+    """The final metric the first target loosens, and whose it is: the cell's own fp16 run (else DDP's fp16,
+    dense); else one adopted from another part of the same cell (``tta --reference``: a final metric does
+    not depend on the machine's load, only its times do); else the cell's first run."""
+    runs = cell["runs"]
+    own = next((m for m in REFERENCES if m in runs), None)
+    if own is not None:
+        return runs[own]["curve"][-1][2], f"{own}'s final"
+    if "reference" in cell:
+        adopted = cell["reference"]
+        return adopted["final"], f"{adopted['method']}'s final in {adopted['record']}"
+    first = next(iter(runs))
+    return runs[first]["curve"][-1][2], f"{first}'s final (no fp16 run)"
+
+
+def adopt_reference(record: dict, other: dict, name: str) -> None:
+    """Give each cell of ``record`` without an fp16 (or DDP fp16, dense) run the final metric of that run in
+    ``other``'s same cell, so that a part re-running only some methods is judged on the same target."""
+    for key, cell in record["cells"].items():
+        runs = other["cells"].get(key, {}).get("runs", {})
+        method = next((m for m in REFERENCES if m in runs), None)
+        if method is not None and not any(m in cell["runs"] for m in REFERENCES):
+            cell["reference"] = {"method": method, "final": runs[method]["curve"][-1][2], "record": name}
+
+
 def targets(cell: dict) -> tuple[float, float]:
     runs, metric = cell["runs"], next(iter(cell["runs"].values()))["metric"]
-    reference = next((runs[m] for m in ("fp16", "ddp-fp16", "dense", "ddp") if m in runs), next(iter(runs.values())))
     finals = [run["curve"][-1][2] for run in runs.values()]
-    first = loosen(reference["curve"][-1][2], metric)
+    first = loosen(reference_final(cell)[0], metric)
     # every method reaches the lower one; never above the first (a budget can leave fp16 the worst)
     return first, (min(*finals, first) if higher_is_better(metric) else max(*finals, first))
 
@@ -128,8 +156,8 @@ def cell_markdown(key: str, cell: dict, summary: dict) -> str:
              f"{cell['steps']} steps per method{capped(cell)}, evaluation every {cell['eval_every']} (excluded from "
              "the clock); "
              f"concurrent compute bound {bounds(cell)} samples/s; load "
-             f"{' '.join(f'{x:.1f}' for x in cell.get('load', []))}. Target {summary['target']:.4f} (dense fp16's "
-             f"final, loosened), lower target {summary['lower_target']:.4f}; budget {summary['budget_s']:.0f} s.", "",
+             f"{' '.join(f'{x:.1f}' for x in cell.get('load', []))}. Target {summary['target']:.4f} "
+             f"({reference_final(cell)[1]}, loosened), lower target {summary['lower_target']:.4f}; budget {summary['budget_s']:.0f} s.", "",
              f"| method | final {metric} | to target | to lower target | at budget | steps | training s | samples/s | "
              "x bound | x bound, last third | NIC MB/worker |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for method, row in summary["rows"].items():

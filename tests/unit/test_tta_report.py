@@ -2,7 +2,7 @@
 
 import pytest
 
-from pactrain_hvd.bench.tta_report import at_budget, cell_markdown, late_x_bound, summarize, time_to
+from pactrain_hvd.bench.tta_report import adopt_reference, at_budget, cell_markdown, late_x_bound, summarize, time_to
 
 
 def run(curve, metric="test_accuracy", steps=4):
@@ -55,3 +55,21 @@ def test_late_throughput_is_the_last_third_of_steps_against_the_bound():
     steps = dict(run([[6, 6, 0.9, 0]], steps=6), step_s=[2.0, 2.0, 2.0, 2.0, 0.5, 0.4])
     assert late_x_bound(steps, {"step_s": 0.2}) == pytest.approx(0.2 / 0.45)
     assert late_x_bound(run([[1, 1, 0.5, 0]]), {"step_s": 0.2}) is None
+
+
+def test_a_part_without_fp16_takes_its_target_from_another_parts_fp16():
+    key = "image/25mbit/4w"
+    part = {"cells": {key: cell({"topk": run([[10, 2, 0.80, 0], [20, 4, 0.86, 0]]),
+                                 "pactrain-0.9-ternary": run([[5, 2, 0.84, 0], [12, 4, 0.87, 0]])})}}
+    before = summarize(part["cells"][key])
+    assert before["target"] == pytest.approx(0.855)  # no fp16 here: the first run's final, loosened
+    earlier = {"cells": {key: cell({"fp16": run([[900, 4, 0.8435, 0]]), "topk": run([[99, 4, 0.5, 0]])})}}
+    adopt_reference(part, earlier, "earlier/record.json")
+    summary = summarize(part["cells"][key])
+    assert summary["target"] == pytest.approx(0.8385)
+    assert summary["rows"]["pactrain-0.9-ternary"]["time_to_target"] == 5 and summary["rows"]["topk"]["time_to_target"] == 20
+    assert summary["verdict"]["speedup_over_best_peer"] == 4.0
+    assert "Target 0.8385 (fp16's final in earlier/record.json, loosened)" in cell_markdown(key, part["cells"][key], summary)
+    own = {"cells": {key: cell({"fp16": run([[40, 4, 0.90, 0]])})}}
+    adopt_reference(own, earlier, "earlier/record.json")  # a part with its own fp16 keeps it
+    assert "reference" not in own["cells"][key] and summarize(own["cells"][key])["target"] == pytest.approx(0.895)
