@@ -6,7 +6,9 @@
 Default mode times, over the same repeats, a full step (forward, backward, SGD update) and
 the packing PacTrain adds to it (gather of surviving values + scatter back, for every pruned
 tensor), and prints medians and their ratio, beside the floor no packing can go below: one read and
-one write pass over the packed gradients.
+one write pass over the packed gradients. ``--values ternary`` also times the ternary codec of every
+packed tensor (``TernaryReduction.gather`` and ``quantize``, then the decode and scatter of
+``decompress``): all a rank computes for ternary values, without the two all-reduces.
 
 ``--plan-sweep`` backs the adaptive plan's defaults: for tensor sizes and densities it
 prints pack+unpack time against the ideal 2-worker ring all-reduce time the packing saves
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -61,6 +64,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--sparsity", type=float, default=0.9)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--values", choices=("inherit", "ternary"), default="inherit",
+                        help="ternary: also time the ternary codec (initialises Horovod, one process)")
     parser.add_argument("--plan-sweep", action="store_true", help="time packing per tensor size and density instead")
     parser.add_argument("--gbits", type=float, default=1.0, help="link rate for --plan-sweep, Gbit/s")
     args = parser.parse_args()
@@ -100,12 +105,42 @@ def main() -> None:
     step_s = median_seconds(step, args.repeats)
     pack_s = median_seconds(pack_unpack, args.repeats)
     floor_s = median_seconds(read_and_write, args.repeats)
+    ternary_s = median_seconds(ternary_codec(prunable, compressors), args.repeats) if args.values == "ternary" else None
     packed = sum(c.packed for _, c in compressors)
     kept = sum(int(np.count_nonzero(masks[n])) for n in prunable)
     print(f"model={args.model} batch={args.batch_size} sparsity={args.sparsity} threads={torch.get_num_threads()} "
           f"packed_tensors={packed}/{len(compressors)} kept={kept}/{sum(p.numel() for p in prunable.values())}")
     print(f"step_median_ms={step_s * 1e3:.1f} pack_unpack_median_ms={pack_s * 1e3:.2f} overhead={pack_s / step_s:.2%} "
           f"read_write_floor_ms={floor_s * 1e3:.2f} floor_share={floor_s / step_s:.2%}")
+    if ternary_s is not None:
+        print(f"ternary_codec_median_ms={ternary_s * 1e3:.2f} ternary_share={ternary_s / step_s:.2%}")
+
+
+def ternary_codec(prunable: dict, compressors: list) -> Callable[[], None]:
+    """What a rank computes for ternary values of every packed tensor, at 2 ranks' lane width: survivors plus
+    error memory, the scale proposal, noise, rounding, lane packing, the residual; then decoding and scattering
+    (its own words stand in for the sum: the same work)."""
+    import horovod.torch as hvd
+
+    from pactrain_hvd.core.lanes import ternary_layout
+    from pactrain_hvd.torch.ternary import TernaryReduction, TernarySend
+
+    hvd.init()
+    reduction = TernaryReduction(ternary_layout(2), hvd.global_process_set)
+    names = {p: n for n, p in prunable.items()}
+    packed = [(names[p], p, c) for p, c in compressors if c.packed]
+    for _, _, compressor in packed:
+        compressor.lanes = reduction.layout
+
+    def run() -> None:
+        for name, p, compressor in packed:
+            values, local = reduction.gather(name, p.grad, compressor)
+            send = TernarySend(name, p.grad, compressor, values, 2.0, max_handle=None)
+            reduction.quantize(send, local)
+            p.grad.set_(compressor.decompress(send.words, send.ctx))
+        reduction.memory.commit()
+
+    return run
 
 
 if __name__ == "__main__":

@@ -106,10 +106,7 @@ class TernaryReduction:
 
     def start(self, name: str, grad: torch.Tensor, compressor: PacTrainCompressor, average: bool) -> TernarySend:
         """Launch ``name``'s MAX all-reduce, and its codes' SUM all-reduce where a scale is held. No sync."""
-        values = self.memory.add(name, compressor.gather(grad).float())
-        local = local_scale(values)
-        # An overflow on any rank makes the MAX inf on every rank (Horovod's MAX may drop a NaN).
-        local = torch.where(torch.isfinite(values).all(), local, torch.full_like(local, float("inf")))
+        values, local = self.gather(name, grad, compressor)
         max_handle = allreduce_async_(local.reshape(1), name=f"{name}.pactrain.scale", op=hvd.Max,
                                       process_set=self.process_set)
         send = TernarySend(name, grad, compressor, values, float(self.layout.world_size) if average else 1.0,
@@ -135,10 +132,23 @@ class TernaryReduction:
         scale = torch.where(finite, value_ctx.scale, torch.full_like(value_ctx.scale, float("nan")))
         return send.compressor.decompress(summed, (value_ctx._replace(scale=scale), original))
 
-    def _send_codes(self, send: TernarySend, scale: torch.Tensor) -> None:
+    def gather(self, name: str, grad: torch.Tensor, compressor: PacTrainCompressor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's survivors of ``grad`` plus their error memory (fp32), and its proposal for their scale:
+        ``local_scale``, or inf where a value is not finite. No communication."""
+        values = self.memory.add(name, compressor.gather(grad).float())
+        local = local_scale(values)
+        # An overflow on any rank makes the MAX inf on every rank (Horovod's MAX may drop a NaN).
+        return values, torch.where(torch.isfinite(values).all(), local, torch.full_like(local, float("inf")))
+
+    def quantize(self, send: TernarySend, scale: torch.Tensor) -> None:
+        """``send``'s codes at ``scale`` lane-packed into ``send.words``, and what rounding left out into the
+        error memory (pending). No communication."""
         values = send.values
         scale = scale.to(values.device)
         ternary = stochastic_ternary(values, scale, self.noise.uniform(values.numel(), values.device))
         self.memory.store(send.name, values, ternary.to(values.dtype) * scale)
         send.words, send.ctx = send.compressor.compress_ternary(send.grad, ternary, scale, send.divisor)
+
+    def _send_codes(self, send: TernarySend, scale: torch.Tensor) -> None:
+        self.quantize(send, scale)
         send.words_handle = allreduce_async_(send.words, name=send.name, op=hvd.Sum, process_set=self.process_set)
