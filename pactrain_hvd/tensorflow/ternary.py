@@ -81,8 +81,8 @@ class TernaryReduction:
         held scale stays as it was.
         """
         value = self.memory.add(name, tf.cast(compressor.survivors(grad), tf.float32))
-        local = local_scale(value)
-        local = tf.where(tf.reduce_all(tf.math.is_finite(value)), local, float("inf"))  # Horovod's MAX may drop NaN
+        local = local_scale(value)  # not finite where a value is not: the mean of |values|
+        local = tf.where(tf.math.is_finite(local), local, float("inf"))  # Horovod's MAX may drop NaN
         step_max = hvd.allreduce(tf.reshape(local, [1]), op=hvd.Max, name=f"{wire_name}_scale",
                                  process_set=self.process_set)[0]
         held = self.scales[name].read_value()

@@ -8,7 +8,7 @@ import torch
 from horovod.torch.compression import Compression, Compressor
 
 from pactrain_hvd.core.lanes import LaneLayout
-from pactrain_hvd.torch.lanes import decode, encode
+from pactrain_hvd.torch.lanes import dequantize, encode
 
 # Horovod's torch all-reduce carries int32/int64/fp16/fp32/fp64, not bf16: bf16 gradients
 # travel as fp32 (or fp16 when stacked with Compression.fp16) and come back as bf16.
@@ -122,8 +122,8 @@ class PacTrainCompressor(Compressor):
         """Write into the tensor that was compressed, in its own layout, when it is dense (no new allocation)."""
         value_ctx, original = ctx
         if isinstance(value_ctx, TernaryContext):
-            summed = decode(tensor, self.lanes, value_ctx.count).to(torch.float32)
-            values = (summed * value_ctx.scale / value_ctx.divisor).to(original.dtype)
+            values = dequantize(tensor, self.lanes, value_ctx.count, value_ctx.scale, value_ctx.divisor)
+            values = values.to(original.dtype)
         else:
             values = self.value_compression.decompress(tensor, value_ctx).to(original.dtype)
         if not self.packed:  # a permuted gradient travelled as a row-major copy: back into its storage

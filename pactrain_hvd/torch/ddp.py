@@ -38,7 +38,7 @@ from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY, pack
 from pactrain_hvd.core.lanes import LaneLayout, ternary_layout
 from pactrain_hvd.torch.checkpoint import saved_step_and_masks
 from pactrain_hvd.torch.compression import fills_storage, storage_view
-from pactrain_hvd.torch.lanes import decode, encode, local_scale, stochastic_ternary
+from pactrain_hvd.torch.lanes import dequantize, encode, local_scale, stochastic_ternary
 from pactrain_hvd.torch.memory import ErrorFeedback
 from pactrain_hvd.torch.pruning import Prunable, Pruner, TableExchange, select_prunable, zero_stays_zero
 
@@ -300,7 +300,7 @@ def _ternary_allreduce(state: PacTrainHookState, plan: BucketPlan, buffer: torch
     with the next bucket's, and ranks could then issue them in different orders.
     """
     names, counts = zip(*plan.segments)
-    parts = [state.memory.add(name, part) for name, part in
+    parts = [state.memory.add_(name, part) for name, part in
              zip(names, torch.take(buffer, plan.surviving).float().split(counts))]
     scales = torch.stack([local_scale(part) for part in parts])
     dist.all_reduce(scales, op=dist.ReduceOp.MAX, group=group)
@@ -308,17 +308,17 @@ def _ternary_allreduce(state: PacTrainHookState, plan: BucketPlan, buffer: torch
     per_value = torch.repeat_interleave(scales, torch.tensor(counts, device=scales.device))
     noise = torch.cat([state._rounding_noise(name, count, values.device) for name, count in plan.segments])
     ternary = stochastic_ternary(values, per_value, noise)
-    dequantized = ternary.to(values.dtype) * per_value
-    for name, value, sent in zip(names, parts, dequantized.split(counts)):
+    words = encode(ternary, state.lanes)
+    for name, value, sent in zip(names, parts, ternary.mul_(per_value).split(counts)):
         state.memory.store(name, value, sent)
     world_size = group.size()
 
     def scatter(fut: torch.futures.Future) -> torch.Tensor:
-        averaged = decode(fut.value()[0], state.lanes, values.numel()).float() * per_value / world_size
+        averaged = dequantize(fut.value()[0], state.lanes, values.numel(), per_value, world_size)
         buffer.zero_().put_(plan.surviving, averaged.to(buffer.dtype))
         return buffer
 
-    return dist.all_reduce(encode(ternary, state.lanes), group=group, async_op=True).get_future().then(scatter)
+    return dist.all_reduce(words, group=group, async_op=True).get_future().then(scatter)
 
 
 def pactrain_hook(state: PacTrainHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -25,30 +25,53 @@ def local_scale(values: torch.Tensor) -> torch.Tensor:
 
 
 def stochastic_ternary(values: torch.Tensor, scale: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """``sign(v)`` with probability ``min(1, |v| / scale)``, else 0, as int8 (see core ``stochastic_ternary``)."""
-    keep = noise * scale < values.abs()
-    return (torch.sign(values) * keep).to(torch.int8)
+    """``sign(v)`` with probability ``min(1, |v| / scale)``, else 0 (see core ``stochastic_ternary``), as
+    ``noise``'s dtype, written over ``noise``: the hot path's one buffer for the draw, the test and the sign."""
+    return noise.mul_(scale).lt_(values.abs()).copysign_(values)
+
+
+def _codes_buffer(count: int, layout: LaneLayout, device: torch.device) -> torch.Tensor:
+    """Room for ``count`` codes in whole words; the padding lanes hold code 0."""
+    codes = torch.empty(layout.words(count) * layout.lanes, dtype=torch.int32, device=device)
+    codes[count:].zero_()
+    return codes
+
+
+def _words(codes: torch.Tensor, layout: LaneLayout) -> torch.Tensor:
+    """A codes buffer (shifted in place) -> its int32 words, ``layout.lanes`` codes per word."""
+    lanes = codes.view(-1, layout.lanes).bitwise_left_shift_(_shifts(layout, codes.device))
+    return lanes.sum(dim=1, dtype=torch.int32)
 
 
 def pack_codes(codes: torch.Tensor, layout: LaneLayout) -> torch.Tensor:
     """Codes (each < 2**width) -> int32 words, ``layout.lanes`` codes per word."""
     count = codes.numel()
-    padded = torch.zeros(layout.words(count) * layout.lanes, dtype=torch.int32, device=codes.device)
-    padded[:count] = codes.reshape(-1)
-    return (padded.view(-1, layout.lanes) << _shifts(layout, codes.device)).sum(dim=1, dtype=torch.int32)
+    buffer = _codes_buffer(count, layout, codes.device)
+    buffer[:count] = codes.reshape(-1)
+    return _words(buffer, layout)
 
 
 def unpack_lanes(words: torch.Tensor, layout: LaneLayout, count: int) -> torch.Tensor:
     """int32 words (possibly summed over ranks) -> the first ``count`` lane values, as int32."""
-    lanes = (words.reshape(-1, 1) >> _shifts(layout, words.device)) & layout.lane_mask
+    lanes = (words.reshape(-1, 1) >> _shifts(layout, words.device)).bitwise_and_(layout.lane_mask)
     return lanes.reshape(-1)[:count]
 
 
 def encode(ternary: torch.Tensor, layout: LaneLayout) -> torch.Tensor:
-    """Ternary values -> int32 words of biased codes."""
-    return pack_codes(ternary.to(torch.int32) + CODE_OFFSET, layout)
+    """Ternary values (any dtype) -> int32 words of biased codes."""
+    count = ternary.numel()
+    codes = _codes_buffer(count, layout, ternary.device)
+    codes[:count].copy_(ternary.reshape(-1)).add_(CODE_OFFSET)
+    return _words(codes, layout)
 
 
 def decode(words: torch.Tensor, layout: LaneLayout, count: int) -> torch.Tensor:
     """Words summed over ``layout.world_size`` ranks -> the sum of their ternary values, as int32."""
     return unpack_lanes(words, layout, count) - CODE_OFFSET * layout.world_size
+
+
+def dequantize(words: torch.Tensor, layout: LaneLayout, count: int, scale: torch.Tensor, divisor: float) -> torch.Tensor:
+    """Summed words -> ``sum * scale / divisor`` as fp32: ``decode``, with the arithmetic in one buffer
+    (the sums are small integers, exact in fp32)."""
+    summed = unpack_lanes(words, layout, count).to(torch.float32)
+    return summed.sub_(CODE_OFFSET * layout.world_size).mul_(scale).div_(divisor)

@@ -23,17 +23,19 @@ class ErrorFeedback:
         self.residuals: dict[str, torch.Tensor] = {}
         self.pending: dict[str, torch.Tensor] = {}
 
-    def add(self, name: str, values: torch.Tensor) -> torch.Tensor:
+    def add_(self, name: str, values: torch.Tensor) -> torch.Tensor:
+        """``values`` plus ``name``'s residual, in place: ``values`` is the caller's own buffer (the gathered survivors)."""
         residual = self.residuals.get(name)
-        return values if residual is None else values + residual
+        return values if residual is None else values.add_(residual)
 
     def store(self, name: str, values: torch.Tensor, dequantized: torch.Tensor) -> None:
-        """What rounding left out, pending; where that is not finite (an overflow: inf values, or a non-finite
-        scale) the old residual instead, so that the memory never turns NaN, even if that step is taken."""
+        """What rounding left out, pending, computed in ``values``' buffer (consumed); where that is not finite (an
+        overflow: inf values, or a non-finite scale) the old residual instead, so that the memory never turns NaN,
+        even if that step is taken."""
         previous = self.residuals.get(name)
-        fresh = values - dequantized
-        self.pending[name] = torch.where(torch.isfinite(fresh), fresh,
-                                         previous if previous is not None else torch.zeros_like(fresh))
+        fresh = values.sub_(dequantized)
+        self.pending[name] = (fresh.nan_to_num_(0.0, 0.0, 0.0) if previous is None else
+                              torch.where(torch.isfinite(fresh), fresh, previous, out=fresh))
 
     def commit(self) -> None:
         """The step was taken: its residuals become the memory."""

@@ -60,7 +60,7 @@ class TernarySend:
     name: str
     grad: torch.Tensor
     compressor: PacTrainCompressor
-    values: torch.Tensor  # gathered survivors plus the error memory, fp32
+    values: torch.Tensor  # gathered survivors plus the error memory, fp32 (spent once the codes are made)
     divisor: float
     max_handle: Any
     words: torch.Tensor | None = None
@@ -135,19 +135,19 @@ class TernaryReduction:
     def gather(self, name: str, grad: torch.Tensor, compressor: PacTrainCompressor) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's survivors of ``grad`` plus their error memory (fp32), and its proposal for their scale:
         ``local_scale``, or inf where a value is not finite. No communication."""
-        values = self.memory.add(name, compressor.gather(grad).float())
-        local = local_scale(values)
+        values = self.memory.add_(name, compressor.gather(grad).float())
+        local = local_scale(values)  # not finite where a value is not: the mean of |values|
         # An overflow on any rank makes the MAX inf on every rank (Horovod's MAX may drop a NaN).
-        return values, torch.where(torch.isfinite(values).all(), local, torch.full_like(local, float("inf")))
+        return values, torch.where(torch.isfinite(local), local, torch.full_like(local, float("inf")))
 
     def quantize(self, send: TernarySend, scale: torch.Tensor) -> None:
         """``send``'s codes at ``scale`` lane-packed into ``send.words``, and what rounding left out into the
-        error memory (pending). No communication."""
+        error memory (pending). No communication; ``send.values`` is spent."""
         values = send.values
         scale = scale.to(values.device)
         ternary = stochastic_ternary(values, scale, self.noise.uniform(values.numel(), values.device))
-        self.memory.store(send.name, values, ternary.to(values.dtype) * scale)
         send.words, send.ctx = send.compressor.compress_ternary(send.grad, ternary, scale, send.divisor)
+        self.memory.store(send.name, values, ternary.mul_(scale))  # both buffers are spent here
 
     def _send_codes(self, send: TernarySend, scale: torch.Tensor) -> None:
         self.quantize(send, scale)

@@ -117,8 +117,9 @@ def test_torch_and_numpy_rounding_agree():
     scale = np.float32(np.abs(values).max())
     noise = rng.random(500).astype(np.float32)
     expected = core.stochastic_ternary(values, scale, noise)
-    got = torch_lanes.stochastic_ternary(torch.from_numpy(values), torch.tensor(scale), torch.from_numpy(noise))
-    assert got.dtype == torch.int8
+    torch_noise = torch.from_numpy(noise.copy())
+    got = torch_lanes.stochastic_ternary(torch.from_numpy(values), torch.tensor(scale), torch_noise)
+    assert got.data_ptr() == torch_noise.data_ptr()  # written over the noise: no temporaries
     np.testing.assert_array_equal(got.numpy(), expected)
     got_tf = tf_lanes.stochastic_ternary(tf.constant(values), tf.constant(scale), tf.constant(noise))
     assert got_tf.dtype == tf.int8
@@ -136,6 +137,10 @@ def test_local_scale_is_a_multiple_of_the_mean_magnitude_in_every_frontend():
     empty = np.zeros(0, np.float32)  # a tensor with no survivors proposes 0, not NaN
     assert core.local_scale(empty) == 0 and torch_lanes.local_scale(torch.from_numpy(empty)).item() == 0
     assert tf_lanes.local_scale(tf.constant(empty)).numpy() == 0
+    for bad in (np.inf, -np.inf, np.nan):  # a value that is not finite leaves no finite proposal: the overflow test
+        overflowed = np.array([1.0, bad, 2.0], np.float32)
+        assert not np.isfinite(torch_lanes.local_scale(torch.from_numpy(overflowed)).item())
+        assert not np.isfinite(tf_lanes.local_scale(tf.constant(overflowed)).numpy())
 
 
 def test_at_the_local_scale_the_sent_values_do_not_inflate_a_second_moment_as_at_the_max():
@@ -167,21 +172,22 @@ def test_error_feedback_carries_the_quantization_error():
     memory = ErrorFeedback()
     values = torch.tensor([0.3, -0.6, 0.05])
     dequantized = torch.tensor([1.0, -1.0, 0.0])
-    assert memory.add("w", values) is values  # nothing remembered yet
-    memory.store("w", values, dequantized)
+    own = values.clone()  # the caller's own buffer: add_ and store work in it
+    assert memory.add_("w", own) is own  # nothing remembered yet
+    memory.store("w", own, dequantized)
     assert "w" not in memory.residuals, "pending until the step is taken"
     memory.commit()
     torch.testing.assert_close(memory.residuals["w"], values - dequantized)
-    torch.testing.assert_close(memory.add("w", torch.ones(3)), 1 + values - dequantized)
+    torch.testing.assert_close(memory.add_("w", torch.ones(3)), 1 + values - dequantized)
     # over many steps of a constant gradient, the sum of what was sent tracks the sum of gradients
     memory, scale, sent = ErrorFeedback(), torch.tensor(1.0), torch.zeros(3)
     generator = torch.Generator().manual_seed(0)
     for _ in range(200):
-        value = memory.add("g", values)
+        value = memory.add_("g", values.clone())
         dequantized = torch_lanes.stochastic_ternary(value, scale, torch.rand(3, generator=generator)) * scale
+        sent += dequantized
         memory.store("g", value, dequantized)
         memory.commit()
-        sent += dequantized
     torch.testing.assert_close(sent + memory.residuals["g"], 200 * values)
     assert memory.residuals["g"].abs().max() <= 2 * scale  # bounded: the error does not accumulate
 
@@ -193,14 +199,14 @@ def test_error_feedback_keeps_the_old_residual_where_an_overflow_left_no_finite_
     memory = ErrorFeedback()
     previous = torch.tensor([0.1, -0.2, 0.0])
     memory.residuals["w"] = previous.clone()
-    overflowed = memory.add("w", torch.tensor([bad, 1.0, 0.5]))
+    overflowed = memory.add_("w", torch.tensor([bad, 1.0, 0.5]))
+    memory.store("fresh", overflowed.clone(), torch.tensor([1.0, 1.0, 0.0]))
     memory.store("w", overflowed, torch.tensor([1.0, 1.0, 0.0]))
-    memory.store("fresh", overflowed, torch.tensor([1.0, 1.0, 0.0]))
     memory.commit()
     kept = memory.residuals["w"].clone()
     torch.testing.assert_close(kept, torch.tensor([0.1, -0.2, 0.5]))
     torch.testing.assert_close(memory.residuals["fresh"], torch.tensor([0.0, -0.2, 0.5]))
-    finite = memory.add("w", torch.tensor([0.5, -0.5, 0.0]))
+    finite = memory.add_("w", torch.tensor([0.5, -0.5, 0.0]))
     ternary = torch.tensor([1.0, -1.0, 0.0])
     memory.store("w", finite, ternary * torch.tensor(bad))  # a scale that is not finite: t * scale is not either
     memory.commit()
