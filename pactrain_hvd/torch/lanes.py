@@ -30,25 +30,17 @@ def stochastic_ternary(values: torch.Tensor, scale: torch.Tensor, noise: torch.T
     return noise.mul_(scale).lt_(values.abs()).copysign_(values)
 
 
-def _codes_buffer(count: int, layout: LaneLayout, device: torch.device) -> torch.Tensor:
-    """Room for ``count`` codes in whole words; the padding lanes hold code 0."""
-    codes = torch.empty(layout.words(count) * layout.lanes, dtype=torch.int32, device=device)
-    codes[count:].zero_()
-    return codes
-
-
-def _words(codes: torch.Tensor, layout: LaneLayout) -> torch.Tensor:
-    """A codes buffer (shifted in place) -> its int32 words, ``layout.lanes`` codes per word."""
-    lanes = codes.view(-1, layout.lanes).bitwise_left_shift_(_shifts(layout, codes.device))
-    return lanes.sum(dim=1, dtype=torch.int32)
-
-
-def pack_codes(codes: torch.Tensor, layout: LaneLayout) -> torch.Tensor:
-    """Codes (each < 2**width) -> int32 words, ``layout.lanes`` codes per word."""
+def pack_codes(codes: torch.Tensor, layout: LaneLayout, offset: int = 0) -> torch.Tensor:
+    """Codes (each ``+ offset`` < 2**width, any dtype) -> int32 words, ``layout.lanes`` codes per word;
+    one int32 buffer, shifted in place (padding lanes hold 0)."""
     count = codes.numel()
-    buffer = _codes_buffer(count, layout, codes.device)
-    buffer[:count] = codes.reshape(-1)
-    return _words(buffer, layout)
+    buffer = torch.empty(layout.words(count) * layout.lanes, dtype=torch.int32, device=codes.device)
+    buffer[count:].zero_()
+    buffer[:count].copy_(codes.reshape(-1))
+    if offset:
+        buffer[:count].add_(offset)
+    lanes = buffer.view(-1, layout.lanes).bitwise_left_shift_(_shifts(layout, codes.device))
+    return lanes.sum(dim=1, dtype=torch.int32)
 
 
 def unpack_lanes(words: torch.Tensor, layout: LaneLayout, count: int) -> torch.Tensor:
@@ -59,19 +51,11 @@ def unpack_lanes(words: torch.Tensor, layout: LaneLayout, count: int) -> torch.T
 
 def encode(ternary: torch.Tensor, layout: LaneLayout) -> torch.Tensor:
     """Ternary values (any dtype) -> int32 words of biased codes."""
-    count = ternary.numel()
-    codes = _codes_buffer(count, layout, ternary.device)
-    codes[:count].copy_(ternary.reshape(-1)).add_(CODE_OFFSET)
-    return _words(codes, layout)
-
-
-def decode(words: torch.Tensor, layout: LaneLayout, count: int) -> torch.Tensor:
-    """Words summed over ``layout.world_size`` ranks -> the sum of their ternary values, as int32."""
-    return unpack_lanes(words, layout, count) - CODE_OFFSET * layout.world_size
+    return pack_codes(ternary, layout, CODE_OFFSET)
 
 
 def dequantize(words: torch.Tensor, layout: LaneLayout, count: int, scale: torch.Tensor, divisor: float) -> torch.Tensor:
-    """Summed words -> ``sum * scale / divisor`` as fp32: ``decode``, with the arithmetic in one buffer
-    (the sums are small integers, exact in fp32)."""
+    """Words summed over ``layout.world_size`` ranks -> the sum of their ternary values ``* scale / divisor``,
+    as fp32, the arithmetic in one buffer (the sums are small integers, exact in fp32)."""
     summed = unpack_lanes(words, layout, count).to(torch.float32)
     return summed.sub_(CODE_OFFSET * layout.world_size).mul_(scale).div_(divisor)

@@ -55,6 +55,10 @@ def test_summed_words_unpack_to_exact_code_sums(world_size):
     decoded = core.decode_sums(core.unpack_lanes(summed, layout, count), world_size)
     np.testing.assert_array_equal(decoded, ternary.sum(axis=0))
     assert decoded[0] == world_size and decoded[1] == -world_size
+    words_torch = torch.stack([torch_lanes.encode(torch.from_numpy(t).float(), layout) for t in ternary])
+    np.testing.assert_array_equal(words_torch.numpy(), words)
+    sums = torch_lanes.dequantize(words_torch.sum(dim=0, dtype=torch.int32), layout, count, torch.tensor(0.5), 2.0)
+    np.testing.assert_array_equal(sums.numpy(), ternary.sum(axis=0) * 0.25)
     # TF, with the layout known at trace time and read when the graph runs (Horovod elastic)
     for layout_tf in (layout, tf_lanes.layout_for(tf.constant(world_size))):
         words_tf = tf.stack([tf_lanes.encode(tf.constant(t, tf.int8), layout_tf) for t in ternary])
