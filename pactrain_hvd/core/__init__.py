@@ -2,11 +2,19 @@
 
 from pactrain_hvd.core.accounting import StepStats, TensorStats, ring_allreduce_bytes
 from pactrain_hvd.core.config import PacTrainConfig
-from pactrain_hvd.core.errors import CheckpointError, MaskMismatchError, WorldSizeChangedWarning
+from pactrain_hvd.core.errors import (
+    ChangedSettingsWarning,
+    CheckpointError,
+    MaskMismatchError,
+    NonFiniteWeightsError,
+    SettingsMismatchError,
+    WorldSizeChangedWarning,
+)
 from pactrain_hvd.core.fingerprint import check_fingerprints, describe_mismatches, fingerprint_table, mask_fingerprint
 from pactrain_hvd.core.masks import (
     erk_sparsities,
     magnitude_masks,
+    not_finite,
     num_to_keep,
     overall_sparsity,
     prunable_predicate,
@@ -18,8 +26,11 @@ from pactrain_hvd.core.resume import check_saved_world_size, saved_by_this_rank,
 from pactrain_hvd.core.schedule import PolynomialSchedule, rewound_cosine
 
 __all__ = [
+    "ChangedSettingsWarning",
     "CheckpointError",
     "MaskMismatchError",
+    "NonFiniteWeightsError",
+    "SettingsMismatchError",
     "PacTrainConfig",
     "PolynomialSchedule",
     "StepStats",
@@ -34,6 +45,7 @@ __all__ = [
     "erk_sparsities",
     "magnitude_masks",
     "mask_fingerprint",
+    "not_finite",
     "num_to_keep",
     "overall_sparsity",
     "prunable_predicate",

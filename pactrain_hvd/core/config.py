@@ -7,7 +7,9 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from pactrain_hvd.core.agreement import Setting
 from pactrain_hvd.core.masks import DEFAULT_RANKING, RANKINGS  # noqa: F401 (DEFAULT_RANKING: re-exported)
+from pactrain_hvd.core.numeric import plain_number
 from pactrain_hvd.core.plan import DEFAULT_MAX_DENSITY, DEFAULT_MIN_NUMEL
 from pactrain_hvd.core.schedule import PolynomialSchedule, schedule_steps
 
@@ -95,8 +97,13 @@ class PacTrainConfig:
     pack_min_numel: int = DEFAULT_MIN_NUMEL
     pack_max_density: float = DEFAULT_MAX_DENSITY
     verify_every: int = DEFAULT_VERIFY_EVERY
+    total_steps: int | None = None  # what the schedule's steps were derived from, if given (for messages)
+    resume_changed_settings: bool = False  # load a checkpoint saved under other settings (core.resume)
 
     def __post_init__(self) -> None:
+        for name in ("sparsity", "begin_step", "end_step", "frequency", "pack_min_numel", "pack_max_density",
+                     "verify_every", "total_steps"):  # numpy scalars and 0-d tensors as Python numbers
+            object.__setattr__(self, name, plain_number(getattr(self, name)))
         if isinstance(self.sparsity, bool) or not isinstance(self.sparsity, (int, float)):
             raise TypeError(f"sparsity must be a number in [0, 1), got {self.sparsity!r}")
         if not 0.0 <= self.sparsity < 1.0:
@@ -113,6 +120,8 @@ class PacTrainConfig:
             raise ValueError(f"pack_max_density must be in (0, 1], got {self.pack_max_density!r}")
         if self.pack_min_numel < 0:
             raise ValueError(f"pack_min_numel must be >= 0, got {self.pack_min_numel!r}")
+        if not isinstance(self.resume_changed_settings, bool):
+            raise TypeError(f"resume_changed_settings must be a bool, got {self.resume_changed_settings!r}")
         if self.verify_every < 0:
             raise ValueError(f"verify_every must be >= 0 (0: only at mask changes), got {self.verify_every!r}")
         _ = self.schedule  # validates begin_step, end_step, frequency
@@ -125,8 +134,10 @@ class PacTrainConfig:
         constant, for the schedule's steps the run's share (``schedule_steps``)."""
         plan = {k: v for k, v in (("pack_min_numel", pack_min_numel), ("pack_max_density", pack_max_density))
                 if v is not None}
+        total_steps = plain_number(total_steps)
         begin_step, end_step, frequency = schedule_steps(total_steps, begin_step, end_step, frequency)
-        return cls(**settings, **plan, begin_step=begin_step, end_step=end_step, frequency=frequency)
+        return cls(**settings, **plan, begin_step=begin_step, end_step=end_step, frequency=frequency,
+                   total_steps=total_steps)
 
     @functools.cached_property  # read at every step; the config is frozen, so built once
     def schedule(self) -> PolynomialSchedule:
@@ -136,6 +147,13 @@ class PacTrainConfig:
             end_step=self.end_step,
             frequency=self.frequency,
         )
+
+    def shared_settings(self) -> dict[str, Setting]:
+        """What every rank must hold the same (``core.agreement``), in the order a mismatch names them."""
+        return {"total_steps": self.total_steps, "begin_step": self.begin_step, "end_step": self.end_step,
+                "frequency": self.frequency, "sparsity": float(self.sparsity), "ranking": self.ranking,
+                "pack_min_numel": self.pack_min_numel, "pack_max_density": float(self.pack_max_density),
+                "verify_every": self.verify_every}
 
     def verifies_at(self, step: int) -> bool:
         """Whether ``step`` has a periodic Mask Tracker check (every ``verify_every`` steps; 0: none)."""

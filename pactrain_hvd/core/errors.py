@@ -11,3 +11,15 @@ class CheckpointError(ValueError):
 
 class WorldSizeChangedWarning(UserWarning):
     """A checkpoint saved under one world size is loaded under another (legitimate, e.g. Horovod elastic)."""
+
+
+class SettingsMismatchError(MaskMismatchError):
+    """Ranks disagree on a setting that decides masks or collectives (schedule, plan, value encoding, ...)."""
+
+
+class NonFiniteWeightsError(FloatingPointError):
+    """Weights hold NaN or inf at a mask update: magnitudes cannot rank them, so no mask is computed."""
+
+
+class ChangedSettingsWarning(UserWarning):
+    """A checkpoint saved under other PacTrain settings is resumed, as asked (``resume_changed_settings=True``)."""

@@ -1,7 +1,9 @@
 """Mask Tracker fingerprints: a few int64 words per prunable tensor that ranks exchange to prove they agree.
 
 One table per rank: a header row ``(number of prunable tensors, hash of their names, schedule
-step)``, then one fixed row per prunable name ``(surviving count, position hash, weight digest)``.
+step)``, a row ``(number of settings, 0, 0)``, one fixed row per prunable name ``(surviving count,
+position hash, weight digest)`` (count -1: the weights were not finite at a mask update), then the
+settings' rows (``core.agreement``).
 A tensor without a mask and a tensor whose mask keeps everything have the same row, so the table's
 shape depends only on the names, never on which masks a rank happens to hold. Ranks allgather
 their tables (Horovod concatenates tables of any length) and every rank parses the same bytes, so
@@ -16,11 +18,14 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from pactrain_hvd.core.errors import MaskMismatchError
+from pactrain_hvd.core.agreement import Setting, check_settings, settings_rows
+from pactrain_hvd.core.errors import MaskMismatchError, NonFiniteWeightsError
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
 _COLUMNS = 3
+_HEADER_ROWS = 2
+NOT_FINITE = -1  # surviving count of a tensor whose weights held NaN or inf at a mask update
 
 BROADCAST_PARAMETERS_HINT = {
     "torch": "hvd.broadcast_parameters(model.state_dict(), root_rank=0)",
@@ -66,37 +71,44 @@ def fingerprint_table(
     fingerprints: Mapping[str, tuple[int, int]],
     step: int,
     weight_sums: Mapping[str, float] | None = None,
+    settings: Mapping[str, Setting] | None = None,
+    not_finite: Sequence[str] = (),
 ) -> np.ndarray:
-    """This rank's table, shape ``(1 + len(prunable), 3)``, int64.
+    """This rank's table, shape ``(2 + len(prunable) + len(settings), 3)``, int64.
 
     ``prunable``: ``{name: numel}`` of every prunable tensor; ``fingerprints``: ``mask_fingerprint`` of
     each mask held (a missing one counts as all kept; frontends may cache them per mask); ``weight_sums``:
-    ``{name: float}`` summarising the weights the masks were ranked on (only used to explain a disagreement).
+    ``{name: float}`` summarising the weights the masks were ranked on (only used to explain a disagreement);
+    ``settings``: what every rank must share (``core.agreement``); ``not_finite``: tensors whose weights
+    held NaN or inf when masks were to be ranked on them.
     """
     names = sorted(prunable)
     weight_sums = weight_sums or {}
-    rows = [(len(names), _names_hash(names), int(step))]
+    extra = settings_rows(settings or {})
+    rows = [(len(names), _names_hash(names), int(step)), (len(extra), 0, 0)]
     for name in names:
         kept, positions = fingerprints.get(name, (int(prunable[name]), 0))
-        rows.append((kept, positions, weight_digest(weight_sums.get(name, 0.0))))
-    return np.array(rows, dtype=np.int64)
+        rows.append((NOT_FINITE if name in not_finite else kept, positions, weight_digest(weight_sums.get(name, 0.0))))
+    return np.concatenate([np.array(rows, dtype=np.int64), extra])
 
 
-def _split_tables(gathered: np.ndarray, world_size: int) -> list[np.ndarray]:
-    """Each rank's table from the concatenation (each starts with its own row count)."""
+def _split_tables(gathered: np.ndarray, world_size: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each rank's (header and tensor rows, settings rows) from the concatenation (each table starts with
+    its own row counts)."""
     gathered = np.asarray(gathered, dtype=np.int64).reshape(-1, _COLUMNS)
     tables, start = [], 0
     for _ in range(world_size):
-        rows = 1 + int(gathered[start, 0])
-        tables.append(gathered[start:start + rows])
-        start += rows
+        tensors_end = start + _HEADER_ROWS + int(gathered[start, 0])
+        settings_end = tensors_end + int(gathered[start + 1, 0])
+        tables.append((gathered[start:tensors_end], gathered[tensors_end:settings_end]))
+        start = settings_end
     return tables
 
 
 def describe_mismatches(names: Sequence[str], tables: Sequence[np.ndarray]) -> list[str]:
     """Given every rank's table (same names), list the tensors whose masks disagree."""
     problems = []
-    for index, name in enumerate(names, start=1):
+    for index, name in enumerate(names, start=_HEADER_ROWS):
         per_rank = [tuple(int(x) for x in table[index, :2]) for table in tables]
         odd = [rank for rank, fp in enumerate(per_rank) if fp != per_rank[0]]
         if odd:
@@ -105,30 +117,52 @@ def describe_mismatches(names: Sequence[str], tables: Sequence[np.ndarray]) -> l
     return problems
 
 
-def check_fingerprints(names: Sequence[str], gathered: np.ndarray, world_size: int, frontend: str, hint: str) -> None:
-    """Raise ``MaskMismatchError`` on any disagreement, with its most likely cause.
+def _not_finite(names: Sequence[str], tables: Sequence[np.ndarray]) -> list[str]:
+    """``'name' (ranks [...])`` for each tensor some rank could not rank."""
+    found = []
+    for index, name in enumerate(names, start=_HEADER_ROWS):
+        ranks = [rank for rank, table in enumerate(tables) if table[index, 0] == NOT_FINITE]
+        if ranks:
+            found.append(f"{name!r} (ranks {ranks})" if len(ranks) < len(tables) else repr(name))
+    return found
 
-    Every rank holds the same ``gathered``, so every rank raises the same error. It names what differs
-    (the set of prunable tensors, masks, the schedule position) and, when the weights differ too, the
-    likely cause: ranks never given one rank's weights. ``hint``: how to share masks.
+
+def check_fingerprints(names: Sequence[str], gathered: np.ndarray, world_size: int, frontend: str, hint: str,
+                       settings: Mapping[str, Setting] | None = None) -> None:
+    """Raise on any disagreement, with its most likely cause; every rank holds the same ``gathered``, so
+    every rank raises the same error.
+
+    In order: ranks prune different sets of tensors or hold different ``settings``
+    (``SettingsMismatchError``); weights held NaN or inf at a mask update (``NonFiniteWeightsError``);
+    masks or the schedule position differ (``MaskMismatchError``, naming what differs and, when the
+    weights differ too, the likely cause: ranks never given one rank's weights; else ``hint``: how to
+    share masks).
     """
     names = sorted(names)
-    tables = _split_tables(gathered, world_size)
+    split = _split_tables(gathered, world_size)
+    tables = [table for table, _ in split]
     headers = [tuple(int(x) for x in table[0]) for table in tables]
     if len({header[:2] for header in headers}) > 1:
         counts = ", ".join(f"rank {r}: {h[0]}" for r, h in enumerate(headers))
         raise MaskMismatchError(f"ranks prune different sets of tensors (prunable tensors per rank: {counts}): "
                                 "every rank must build the same model and pass the same prunable= / masks=")
+    check_settings(settings or {}, [rows for _, rows in split])
+    not_finite = _not_finite(names, tables)
+    if not_finite:
+        raise NonFiniteWeightsError(
+            f"weights hold NaN or inf at a mask update, so magnitudes cannot rank them: {', '.join(not_finite)}. "
+            "No mask was changed. Lower the learning rate, clip gradients, or skip non-finite steps (a loss "
+            "scaler does) before the next mask update.")
     problems = describe_mismatches(names, tables)
     if len({header[2] for header in headers}) > 1:
         problems.append("schedule position differs (" + ", ".join(f"rank {r}: {h[2]}" for r, h in enumerate(headers)) + ")")
     if not problems:
         return
     message = "pruning masks differ across ranks: " + "; ".join(problems) + "."
-    weights_differ = [name for index, name in enumerate(names, start=1)
+    weights_differ = [name for index, name in enumerate(names, start=_HEADER_ROWS)
                       if len({int(table[index, 2]) for table in tables}) > 1]
     if weights_differ:
         shown = ", ".join(repr(name) for name in weights_differ[:5]) + (", ..." if len(weights_differ) > 5 else "")
-        message += (f" Weights differ too ({shown}), and masks are ranked on them: give every rank one rank's "
-                    f"weights, with {BROADCAST_PARAMETERS_HINT[frontend]}.")
+        raise MaskMismatchError(f"{message} Weights differ too ({shown}), and masks are ranked on them: give every "
+                                f"rank one rank's weights, with {BROADCAST_PARAMETERS_HINT[frontend]}.")
     raise MaskMismatchError(f"{message} {hint}")

@@ -1,11 +1,14 @@
-"""Resuming under another world size: masks do not depend on it, so PacTrain warns and carries on."""
+"""Resuming a checkpoint: under another world size PacTrain warns and carries on (masks do not depend
+on it); under other PacTrain settings it refuses unless told to carry on."""
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from typing import Any
 
-from pactrain_hvd.core.errors import CheckpointError, WorldSizeChangedWarning
+from pactrain_hvd.core.config import PacTrainConfig
+from pactrain_hvd.core.errors import ChangedSettingsWarning, CheckpointError, WorldSizeChangedWarning
 
 
 def check_saved_world_size(saved: object, current: int) -> None:
@@ -40,3 +43,38 @@ def saved_by_this_rank(saved_rank: int, rank: Callable[[], int]) -> bool:
     process's: the same rank, or any while Horovod is down (an elastic rollback restores its own)."""
     current = while_running(rank)
     return current is None or current == saved_rank
+
+
+# The settings a checkpoint's masks and schedule position were reached under.
+RESUMED_SETTINGS = ("sparsity", "begin_step", "end_step", "frequency", "ranking", "packed_values")
+
+
+def checkpoint_settings(config: PacTrainConfig, packed_values: str) -> dict[str, Any]:
+    """What a checkpoint records of the settings (``check_saved_settings`` compares them on load)."""
+    shared = config.shared_settings()
+    return {name: packed_values if name == "packed_values" else shared[name] for name in RESUMED_SETTINGS}
+
+
+def check_saved_settings(saved: Any, current: dict[str, Any], step: int, config: PacTrainConfig) -> None:
+    """Refuse (``CheckpointError``) a checkpoint saved under other settings than ``current``
+    (``checkpoint_settings``), before anything changes; with ``config.resume_changed_settings`` warn
+    (``ChangedSettingsWarning``) and say what the run will do. ``saved``: the checkpoint's settings (a
+    checkpoint from before they were recorded has its ``sparsity`` only, or nothing)."""
+    if not isinstance(saved, dict):
+        return
+    changed = [f"{name} {saved[name]!r} -> {current[name]!r}" for name in RESUMED_SETTINGS
+               if name in saved and saved[name] != current[name]]
+    if not changed:
+        return
+    listed = ", ".join(changed)
+    if not config.resume_changed_settings:
+        raise CheckpointError(
+            f"checkpoint was saved with other PacTrain settings ({listed}, checkpoint -> this optimizer): create "
+            "the optimizer with the checkpoint's settings, or pass resume_changed_settings=True to continue from "
+            "its masks and step under the new ones")
+    following = config.schedule.next_update_after(step - 1)
+    what = (f"masks only shrink, so the schedule prunes further from them at step {following}" if following is not None
+            else f"no schedule update remains after step {step} (end_step {config.end_step}): masks stay as saved")
+    warnings.warn(f"resuming a checkpoint saved with other PacTrain settings ({listed}): its masks and step {step} "
+                  f"carry over and this optimizer's settings apply from here; {what}", ChangedSettingsWarning,
+                  stacklevel=3)

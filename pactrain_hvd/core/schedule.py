@@ -6,6 +6,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pactrain_hvd.core.numeric import plain_number
+
 
 @dataclass(frozen=True)
 class PolynomialSchedule:
@@ -87,7 +89,9 @@ def schedule_steps(total_steps: int | None = None, begin_step: int | None = None
     ``total_steps=N`` is the one-line way to say "prune over my N steps": begin at 10 % of them,
     end at 60 %, ten mask updates in between. Without it the fixed clock (0, 1000, 100) applies.
     """
-    given = {"begin_step": begin_step, "end_step": end_step, "frequency": frequency}
+    given = {"begin_step": plain_number(begin_step), "end_step": plain_number(end_step),
+             "frequency": plain_number(frequency)}
+    total_steps = plain_number(total_steps)
     for name, value in given.items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")

@@ -5,7 +5,13 @@ Keras users: ``pactrain_hvd.tensorflow.keras.DistributedOptimizer``.
 
 from horovod.tensorflow.compression import Compression
 
-from pactrain_hvd.core import CheckpointError, MaskMismatchError
+from pactrain_hvd.core import (
+    ChangedSettingsWarning,
+    CheckpointError,
+    MaskMismatchError,
+    NonFiniteWeightsError,
+    SettingsMismatchError,
+)
 from pactrain_hvd.tensorflow.compression import PacTrainCompressor
 from pactrain_hvd.tensorflow.functions import broadcast_masks
 from pactrain_hvd.tensorflow.pruning import Pruner, default_prunable
@@ -13,10 +19,13 @@ from pactrain_hvd.tensorflow.state import PacTrainState
 from pactrain_hvd.tensorflow.tape import DistributedGradientTape, PartialDistributedGradientTape
 
 __all__ = [
+    "ChangedSettingsWarning",
     "CheckpointError",
     "Compression",
     "DistributedGradientTape",
     "MaskMismatchError",
+    "NonFiniteWeightsError",
+    "SettingsMismatchError",
     "PacTrainCompressor",
     "PacTrainState",
     "PartialDistributedGradientTape",

@@ -11,12 +11,14 @@ error messages.
 from __future__ import annotations
 
 import io
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pactrain_hvd.core import CheckpointError, check_saved_world_size, saved_by_this_rank
+from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
 
 if TYPE_CHECKING:
     from pactrain_hvd.tensorflow.state import PacTrainState
@@ -38,6 +40,7 @@ class SavedState:
     world_size: int | None  # None: written before it was recorded
     masks: list[tuple[int, str, np.ndarray]]  # (position, saved name, mask)
     ternary: SavedTernary | None
+    settings: dict | None = None  # None: written before they were recorded
 
 
 def serialize(state: PacTrainState) -> bytes:
@@ -54,6 +57,7 @@ def serialize(state: PacTrainState) -> bytes:
                    **{f"residual_{i}": state._ternary.memory.residuals[name].numpy() for i, name in enumerate(names)}}
     buffer = io.BytesIO()
     np.savez(buffer, step=np.int64(state.step_count), world_size=np.int64(state._group_size()),
+             settings=np.array(json.dumps(checkpoint_settings(state.config, state.packed_values))),
              names=np.array(names, dtype=np.str_),
              positions=np.array([state._names.index(name) for name in names], dtype=np.int64),
              **{f"mask_{i}": state._pruner.masks[name] for i, name in enumerate(names)}, **ternary)
@@ -76,13 +80,16 @@ def parse(blob: bytes) -> SavedState:
                                        {position: saved[f"residual_{i}"] for i, position in enumerate(positions)},
                                        scales)
             world_size = int(saved["world_size"]) if "world_size" in saved.files else None
-            return SavedState(int(saved["step"]), world_size, masks, ternary)
+            settings = json.loads(str(saved["settings"])) if "settings" in saved.files else None
+            return SavedState(int(saved["step"]), world_size, masks, ternary, settings)
     except (OSError, KeyError, ValueError, EOFError) as error:
         raise CheckpointError(f"not a PacTrain state: {error}") from error
 
 
 def deserialize(state: PacTrainState, blob: bytes) -> None:
     saved = parse(blob)
+    check_saved_settings(saved.settings, checkpoint_settings(state.config, state.packed_values), saved.step,
+                         state.config)
     check_saved_world_size(saved.world_size, state._group_size())
     if not state._names:
         state._pending_restore = bytes(blob)  # applied when the state binds to its variables

@@ -16,6 +16,7 @@ from pactrain_hvd.core import (
     fingerprint_table,
     magnitude_masks,
     mask_fingerprint,
+    not_finite,
     overall_sparsity,
     prunable_predicate,
     validate_masks,
@@ -133,6 +134,7 @@ class Pruner:
     rank's fingerprints are allgathered and any disagreement raises ``MaskMismatchError``
     on every rank, naming the tensor, before a single value is communicated with it.
     Everything here runs eagerly (between steps, or inside the maintenance ``py_function``).
+    The fingerprints carry ``settings`` too (``core.agreement``): every check proves them equal.
     """
 
     def __init__(
@@ -142,8 +144,10 @@ class Pruner:
         schedule: PolynomialSchedule,
         ranking: str = "layer",
         process_set: hvd.ProcessSet = hvd.global_process_set,
+        settings: Mapping[str, Any] | None = None,
     ) -> None:
         self.variables = dict(named_variables)
+        self.settings = dict(settings or {})
         self.prunable_names = list(prunable_names)
         self.schedule = schedule
         self.ranking = ranking
@@ -151,8 +155,14 @@ class Pruner:
         self.masks: dict[str, np.ndarray] = {}
 
     def compute(self, step: int) -> dict[str, np.ndarray]:
-        """Masks at the schedule's target for ``step``, from the current weights; verified across ranks."""
+        """Masks at the schedule's target for ``step``, from the current weights; verified across ranks.
+
+        Weights holding NaN or inf raise ``NonFiniteWeightsError`` (on every rank, whichever rank holds them).
+        """
         weights = {name: self.variables[name].numpy() for name in self.prunable_names}
+        broken = not_finite(weights)
+        if broken:
+            self.verify(step, weights=weights, not_finite=broken)  # raises on every rank that communicates
         new_masks = magnitude_masks(weights, self.schedule.target(step), self.masks, self.ranking)
         self.verify(step, new_masks, weights)
         return new_masks
@@ -166,10 +176,11 @@ class Pruner:
         self.masks = {name: np.array(mask, dtype=np.bool_) for name, mask in masks.items()}
 
     def verify(self, step: int, masks: Mapping[str, np.ndarray] | None = None,
-               weights: Mapping[str, np.ndarray] | None = None) -> None:
+               weights: Mapping[str, np.ndarray] | None = None, not_finite: Sequence[str] = ()) -> None:
         """Mask Tracker: allgather each rank's fingerprint table (masks, schedule ``step``, a digest of the
-        weights the masks were ranked on: ``weights``, else the variables now); raise on any disagreement,
-        on every rank. Nothing where nothing is communicated (``communicates``)."""
+        weights the masks were ranked on: ``weights``, else the variables now, and ``settings``); raise on any
+        disagreement, on every rank. ``not_finite``: tensors whose weights cannot be ranked (every rank then
+        raises). Nothing where nothing is communicated (``communicates``)."""
         if not communicates(self.process_set):
             return
         masks = self.masks if masks is None else masks
@@ -179,11 +190,12 @@ class Pruner:
         else:
             sums = {name: float(np.sum(weights[name], dtype=np.float64)) for name in self.prunable_names}
         numels = {name: self.variables[name].shape.num_elements() for name in self.prunable_names}
-        local = fingerprint_table(numels, {name: mask_fingerprint(mask) for name, mask in masks.items()}, step, sums)
+        local = fingerprint_table(numels, {name: mask_fingerprint(mask) for name, mask in masks.items()}, step, sums,
+                                  self.settings, not_finite)
         gathered = hvd.allgather(tf.constant(local), name="pactrain.mask_fingerprints", process_set=self.process_set)
         check_fingerprints(self.prunable_names, gathered.numpy(), self.process_set.size(), "tensorflow",
                            "After loading a checkpoint on one rank, call pactrain_hvd.tensorflow.broadcast_masks "
-                           "(state, optimizer or tape) next to hvd.broadcast_variables.")
+                           "(state, optimizer or tape) next to hvd.broadcast_variables.", self.settings)
 
     def sparsity(self) -> float:
         """Fraction of pruned coordinates over all prunable tensors."""

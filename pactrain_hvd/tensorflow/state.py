@@ -44,7 +44,9 @@ from pactrain_hvd.core.config import (
     DEFAULT_VERIFY_EVERY,
     packed_encoding,
     packed_values_argument,
+    reduce_op_name,
 )
+from pactrain_hvd.core.agreement import horovod_settings
 from pactrain_hvd.core.lanes import ternary_layout
 from pactrain_hvd.tensorflow import checkpoint
 from pactrain_hvd.tensorflow.arguments import checked_arguments
@@ -85,6 +87,9 @@ class PacTrainState(HorovodEngine, tf.train.experimental.PythonState):
     moments) are zeroed at newly pruned coordinates when masks change. ``masks``: bring your own
     mask, ``{variable name: bool mask}`` or a model wrapped by tfmot's ``prune_low_magnitude``;
     fixed (the schedule is off) unless ``continue_pruning=True`` (see ``core.own_masks``).
+    ``resume_changed_settings``: restore a checkpoint saved with another ``sparsity``, schedule, ``ranking``
+    or ``packed_values`` (with a warning) instead of raising ``CheckpointError``. Every rank must pass the
+    same settings: the first step proves it (``SettingsMismatchError`` on every rank instead of a hang).
     ``packed_values``: how packed values travel, as in torch: ``"inherit"`` as ``compression`` says,
     ``"fp16"``, or ``"ternary"`` (shared-scale stochastic ternary with error feedback in int32 lanes, fp16
     beyond 256 ranks; op Average or Sum); ``values=`` is its deprecated old name. Dense-plan and unpruned
@@ -131,6 +136,7 @@ class PacTrainState(HorovodEngine, tf.train.experimental.PythonState):
         optimizer: Any = None,
         masks: dict[str, Any] | Any = None,
         continue_pruning: bool = False,
+        resume_changed_settings: bool = False,
         packed_values: str = "inherit",
         values: str | None = None,
     ) -> None:
@@ -162,7 +168,10 @@ class PacTrainState(HorovodEngine, tf.train.experimental.PythonState):
         self._compressors: dict[str, PacTrainCompressor] = {}
         self._packed: dict[str, bool] = {}
         self._dense_bytes: dict[int, int] = {}
-        self._pruner = Pruner({}, [], self.config.schedule, self.config.ranking, process_set)
+        op_name = reduce_op_name(hvd, op, gradient_predivide_factor)
+        self._pruner = Pruner({}, [], self.config.schedule, self.config.ranking, process_set, settings={
+            **self.config.shared_settings(), "packed_values": packed_values,
+            **horovod_settings(op_name, compression, groups, 1, gradient_predivide_factor)})
         self._pending_restore: bytes | None = None
         with tf.init_scope():
             self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="pactrain_step")
@@ -303,6 +312,11 @@ class PacTrainState(HorovodEngine, tf.train.experimental.PythonState):
             for variable in (weight, *optimizer_slots(self.optimizer, weight)):
                 variable.assign(tf.where(compressor.mask, variable, tf.zeros_like(variable)))
         return tf.constant(True)
+
+    def share_settings(self, **settings: Any) -> None:
+        """More settings every rank must hold the same (proven at every Mask Tracker check, the first step's
+        included), e.g. the Keras optimizer's ``backward_passes_per_step``."""
+        self._pruner.settings.update(settings)
 
     def request_verification(self) -> None:
         """Verify masks at the next step. Only for calls every rank makes (``broadcast_masks``, elastic

@@ -2,7 +2,13 @@
 
 from horovod.torch.compression import Compression
 
-from pactrain_hvd.core import CheckpointError, MaskMismatchError
+from pactrain_hvd.core import (
+    ChangedSettingsWarning,
+    CheckpointError,
+    MaskMismatchError,
+    NonFiniteWeightsError,
+    SettingsMismatchError,
+)
 from pactrain_hvd.torch import ddp
 from pactrain_hvd.torch.checkpoint import load_checkpoint, save_checkpoint
 from pactrain_hvd.torch.compression import PacTrainCompressor
@@ -13,10 +19,13 @@ from pactrain_hvd.torch.pruning import Pruner, default_prunable
 from pactrain_hvd.torch.state import PacTrainState
 
 __all__ = [
+    "ChangedSettingsWarning",
     "CheckpointError",
     "Compression",
     "DistributedOptimizer",
     "MaskMismatchError",
+    "NonFiniteWeightsError",
+    "SettingsMismatchError",
     "PacTrainCompressor",
     "PacTrainState",
     "PacTrainStateHandler",

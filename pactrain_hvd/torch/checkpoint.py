@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from pactrain_hvd.core import CheckpointError, check_saved_world_size, saved_by_this_rank, while_running
+from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
 from pactrain_hvd.torch.pruning import Pruner, host_masks
 from pactrain_hvd.torch.state import PacTrainState
 
@@ -42,6 +43,7 @@ def with_pactrain(state: PacTrainState, inner: dict, optimized: list[torch.Tenso
     """``inner`` (the wrapped optimizer's state dict, whose parameters are ``optimized``) plus PacTrain's state."""
     exported = state.export()
     inner["pactrain"] = {"step": state.step_count, "sparsity": state.config.sparsity,
+                         "settings": checkpoint_settings(state.config, state.packed_values),
                          "world_size": while_running(state.process_set.size), "masks": exported["masks"]}
     if state.tracking and inner["state"]:  # Horovod initialises an empty state first; then the keys match
         index = {id(p): i for i, p in enumerate(optimized)}
@@ -71,6 +73,8 @@ def without_pactrain(state_dict: dict) -> tuple[dict, Any]:
 def validated(state: PacTrainState, pactrain: Any) -> SavedState:
     """``pactrain`` checked against ``state``'s parameters, world size and codec; ``CheckpointError`` if it does not fit."""
     step, masks = saved_step_and_masks(state._pruner, pactrain, "the 'pactrain' entry of the optimizer state dict")
+    check_saved_settings(pactrain.get("settings", {"sparsity": pactrain["sparsity"]} if "sparsity" in pactrain else None),
+                         checkpoint_settings(state.config, state.packed_values), step, state.config)
     current = while_running(state.process_set.size)
     if current is not None:
         check_saved_world_size(pactrain.get("world_size"), current)

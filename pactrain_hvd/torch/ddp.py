@@ -36,6 +36,7 @@ from torch.nn.parallel import DistributedDataParallel
 from pactrain_hvd.core import CheckpointError, PacTrainConfig, StepStats, TensorStats, should_pack
 from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY, packed_values_argument
 from pactrain_hvd.core.lanes import LaneLayout, ternary_layout
+from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
 from pactrain_hvd.torch.checkpoint import saved_step_and_masks
 from pactrain_hvd.torch.compression import fills_storage, storage_view
 from pactrain_hvd.torch.lanes import dequantize, encode, local_scale, stochastic_ternary
@@ -98,6 +99,8 @@ class PacTrainHookState:
     fp32, or fp16 under ``fp16_compress_wrapper``; ``"fp32"`` is its deprecated name), ``"fp16"``, or
     ``"ternary"``, the Horovod frontend's shared-scale stochastic ternary with error feedback in int32
     lanes (one MAX all-reduce of the bucket's scale, then the codes; fp16 where lanes do not pay).
+    ``resume_changed_settings`` as in ``pt.DistributedOptimizer``. Every rank must pass the same settings:
+    the first step proves it (``SettingsMismatchError`` on every rank instead of a hang).
     """
 
     def __init__(
@@ -116,12 +119,14 @@ class PacTrainHookState:
         verify_every: int = DEFAULT_VERIFY_EVERY,
         process_group: dist.ProcessGroup | None = None,
         packed_values: str = "inherit",
+        resume_changed_settings: bool = False,
     ) -> None:
         self.config = PacTrainConfig.from_arguments(
             sparsity=sparsity, begin_step=begin_step, end_step=end_step, frequency=frequency,
-            total_steps=total_steps, ranking=ranking,
-            verify_every=verify_every, pack_min_numel=pack_min_numel, pack_max_density=pack_max_density)
+            total_steps=total_steps, ranking=ranking, verify_every=verify_every, pack_min_numel=pack_min_numel,
+            pack_max_density=pack_max_density, resume_changed_settings=resume_changed_settings)
         packed_values = packed_values_argument(packed_values)
+        self.packed_values = packed_values
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         module = model.module if isinstance(model, DistributedDataParallel) else model
@@ -143,9 +148,12 @@ class PacTrainHookState:
         self._rank = dist.get_rank(process_group)
         self._generators: dict[torch.device, torch.Generator] = {}
         self._pruner = Pruner(self.parameters, select_prunable(self.parameters, prunable), self.config.schedule,
-                              self.config.ranking, exchange=dist_exchange(process_group))
+                              self.config.ranking, exchange=dist_exchange(process_group),
+                              settings={**self.config.shared_settings(), "packed_values": packed_values})
         self._checks_masks = bool(self._pruner.prunable_names) and self.config.sparsity > 0
-        self._verify_pending = self._checks_masks  # every rank's first step: a local load is caught there
+        # Every rank's first step checks, whatever its settings: differing settings, or a load on one rank, are
+        # caught there, not a hang.
+        self._verify_pending = True
         self._step = 0
         self._sent: set[int] = set()  # indices of the buckets sent in this backward pass
         self._plans: dict[tuple[int, ...], BucketPlan] = {}  # by the ids of a bucket's parameters: DDP rebuilds buckets
@@ -172,6 +180,7 @@ class PacTrainHookState:
         """Masks and schedule position; with ternary values also this rank's error memory (its noise is a
         function of rank, step and parameter: nothing to save)."""
         state = {"step": self._step, "sparsity": self.config.sparsity,
+                 "settings": checkpoint_settings(self.config, self.packed_values),
                  "masks": {name: mask.to(torch.uint8).cpu() for name, mask in self._pruner.masks.items()}}
         if self.lanes is not None:
             state["ternary"] = {"rank": self._rank,
@@ -181,6 +190,8 @@ class PacTrainHookState:
     def load_state_dict(self, state: dict) -> None:
         """Masks and schedule position; validated before anything changes. Local: load it on every rank."""
         step, masks = saved_step_and_masks(self._pruner, state, "a PacTrainHookState state dict")
+        check_saved_settings(state.get("settings", {"sparsity": state["sparsity"]} if "sparsity" in state else None),
+                             checkpoint_settings(self.config, self.packed_values), step, self.config)
         ternary = state.get("ternary")
         if ternary is not None and not (isinstance(ternary, dict) and {"rank", "residuals"} <= set(ternary)):
             raise CheckpointError("the 'ternary' entry needs 'rank' and 'residuals'")

@@ -18,7 +18,8 @@ import torch
 from horovod.torch.compression import Compression, Compressor
 
 from pactrain_hvd.core import PacTrainConfig
-from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY, packed_values_argument
+from pactrain_hvd.core.agreement import horovod_settings
+from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY, packed_values_argument, reduce_op_name
 from pactrain_hvd.torch import checkpoint
 from pactrain_hvd.torch.arguments import checked_arguments, checked_parameters
 from pactrain_hvd.torch.engine import HorovodEngine
@@ -58,6 +59,12 @@ class DistributedOptimizer(HorovodEngine, torch.optim.Optimizer):
     - ``masks``: bring your own mask: ``{name: bool mask}``, or the model pruned with
       ``torch.nn.utils.prune`` (its ``<name>_mask`` buffers become the masks of ``<name>_orig``).
       Fixed: the schedule is off unless ``continue_pruning=True`` (see ``core.own_masks``).
+    - ``resume_changed_settings``: ``load_state_dict`` of a checkpoint saved with another ``sparsity``,
+      schedule, ``ranking`` or ``packed_values`` raises ``CheckpointError`` unless this is True; then
+      it warns and continues from the checkpoint's masks and step under this optimizer's settings.
+
+    Every rank must pass the same settings: the first step proves it (``SettingsMismatchError``
+    on every rank, naming the setting and each rank's value, instead of a hang).
 
     Example::
 
@@ -93,6 +100,7 @@ class DistributedOptimizer(HorovodEngine, torch.optim.Optimizer):
         packed_values: str = "inherit",
         masks: dict[str, Any] | torch.nn.Module | None = None,
         continue_pruning: bool = False,
+        resume_changed_settings: bool = False,
         values: str | None = None,
     ) -> None:
         # Everything is validated before the first collective call.
@@ -110,7 +118,7 @@ class DistributedOptimizer(HorovodEngine, torch.optim.Optimizer):
             groups=groups, packed_values=packed_values, sparsity=sparsity, masks=masks,
             continue_pruning=continue_pruning, begin_step=begin_step, end_step=end_step, frequency=frequency,
             total_steps=total_steps, ranking=ranking, verify_every=verify_every, pack_min_numel=pack_min_numel,
-            pack_max_density=pack_max_density)
+            pack_max_density=pack_max_density, resume_changed_settings=resume_changed_settings)
         self._optimizer = optimizer
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
@@ -119,7 +127,9 @@ class DistributedOptimizer(HorovodEngine, torch.optim.Optimizer):
         self.process_set = process_set
         self.packed_values = packed_values
         state = PacTrainState(parameters, optimizer, config, prunable=prunable, masks=masks, compression=compression,
-                              packed_values=packed_values, process_set=process_set)
+                              packed_values=packed_values, process_set=process_set,
+                              settings=horovod_settings(reduce_op_name(hvd, op, gradient_predivide_factor), compression,
+                                                        groups, backward_passes_per_step, gradient_predivide_factor))
         self._start_engine(state, groups)
 
     # -- what a torch.optim.Optimizer exposes, shared with the wrapped optimizer ----------------

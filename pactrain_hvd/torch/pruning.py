@@ -16,6 +16,7 @@ from pactrain_hvd.core import (
     fingerprint_table,
     magnitude_masks,
     mask_fingerprint,
+    not_finite,
     overall_sparsity,
     prunable_predicate,
     validate_masks,
@@ -61,7 +62,8 @@ class Pruner:
 
     Masks are recomputed locally on every rank from (identical) weights, then verified: each
     rank's fingerprints are allgathered and any disagreement raises ``MaskMismatchError``
-    on every rank, naming the tensor, before a single value is communicated with it.
+    on every rank, naming the tensor, before a single value is communicated with it. The
+    fingerprints carry ``settings`` too (``core.agreement``): every check proves them equal.
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class Pruner:
         ranking: str = "layer",
         process_set: hvd.ProcessSet = hvd.global_process_set,
         exchange: TableExchange | None = None,
+        settings: Mapping[str, Any] | None = None,
     ) -> None:
         self.parameters = dict(named_parameters)
         self.prunable_names = list(prunable_names)
@@ -79,14 +82,22 @@ class Pruner:
         self.ranking = ranking
         self.process_set = process_set
         self.exchange = exchange or horovod_exchange(process_set)
+        self.settings = dict(settings or {})
         self.masks: dict[str, torch.Tensor] = {}
         self.pruned: dict[str, torch.Tensor] = {}  # ~mask, kept so that steps do not allocate it
         self._fingerprints: dict[str, tuple[torch.Tensor, int, tuple[int, int]]] = {}  # mask, its version, hash
 
     def update(self, step: int, verify: bool = True) -> None:
-        """Recompute masks at the schedule's target for ``step`` and (``verify``) prove them equal across ranks."""
+        """Recompute masks at the schedule's target for ``step`` and (``verify``) prove them equal across ranks.
+
+        Weights holding NaN or inf raise ``NonFiniteWeightsError`` (with ``verify``: on every rank, whichever
+        rank holds them) and change no mask.
+        """
         # float32 on the host: numpy has no bfloat16, and magnitudes rank the same in float32.
         weights = {name: self.parameters[name].detach().float().cpu().numpy() for name in self.prunable_names}
+        broken = not_finite(weights) if verify else []
+        if broken:
+            self.verify(step, not_finite=broken)  # raises on every rank
         previous = {name: mask.cpu().numpy() for name, mask in self.masks.items()}
         new_masks = magnitude_masks(weights, self.schedule.target(step), previous, self.ranking)
         if verify:
@@ -110,11 +121,12 @@ class Pruner:
         if zero_weights:
             self.apply_to_weights()
 
-    def verify(self, step: int, masks: Mapping[str, np.ndarray] | None = None) -> None:
+    def verify(self, step: int, masks: Mapping[str, np.ndarray] | None = None, not_finite: list[str] = ()) -> None:
         """Mask Tracker: allgather each rank's fingerprint table; raise on any disagreement, on every rank.
 
         ``masks``: new host masks about to be installed; default: the masks held, whose fingerprints are
         hashed once per mask tensor (a new tensor or an in-place change hashes again), not at every check.
+        ``not_finite``: tensors whose weights cannot be ranked (every rank then raises).
         """
         if masks is None:
             fingerprints = {name: self._held_fingerprint(name) for name in self.masks}
@@ -124,9 +136,10 @@ class Pruner:
         device = parameters[0].device if parameters else None
         sums = torch.stack([p.detach().double().sum().to(device) for p in parameters]).tolist() if parameters else []
         local = fingerprint_table({name: p.numel() for name, p in zip(self.prunable_names, parameters)}, fingerprints,
-                                  step, dict(zip(self.prunable_names, sums)))
+                                  step, dict(zip(self.prunable_names, sums)), self.settings, not_finite)
         gathered = self.exchange.allgather(torch.from_numpy(local))
-        check_fingerprints(self.prunable_names, gathered.numpy(), self.exchange.size(), "torch", self.exchange.hint)
+        check_fingerprints(self.prunable_names, gathered.numpy(), self.exchange.size(), "torch", self.exchange.hint,
+                           self.settings)
 
     def _held_fingerprint(self, name: str) -> tuple[int, int]:
         mask = self.masks[name]

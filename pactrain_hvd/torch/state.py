@@ -46,7 +46,7 @@ class PacTrainState:
     def __init__(self, parameters: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer, config: PacTrainConfig,
                  *, prunable: Prunable = None, masks: dict[str, Any] | torch.nn.Module | None = None,
                  compression: type[Compressor] = Compression.none, packed_values: str = "inherit",
-                 process_set: hvd.ProcessSet = hvd.global_process_set) -> None:
+                 process_set: hvd.ProcessSet = hvd.global_process_set, settings: dict[str, Any] | None = None) -> None:
         self.config = config
         self.process_set = process_set
         self.packed_values = packed_values
@@ -57,15 +57,17 @@ class PacTrainState:
         if masks is None:
             warn_if_torch_pruned(self._names)
         prunable_names = sorted(own_masks) if own_masks and prunable is None else select_prunable(parameters, prunable)
-        self._pruner = Pruner(parameters, prunable_names, config.schedule, config.ranking, process_set)
+        shared = {**config.shared_settings(), "packed_values": packed_values, **(settings or {})}
+        self._pruner = Pruner(parameters, prunable_names, config.schedule, config.ranking, process_set, settings=shared)
         self._step = 0
         # Horovod's rule: a rank communicates if it is in the process set and there is someone to talk to.
         self.communicating = process_set.included() and (hvd.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
-        # Masks can differ only where some are pruned; then every rank proves them at its first step (every
-        # rank knows that step: a mask set or loaded on one rank alone is caught there, not a hang).
+        # Masks can differ only where some are pruned; then every rank proves them every ``verify_every`` steps.
+        # Every communicating rank checks at its first step, whatever its settings (every rank knows that step):
+        # settings that differ, or a mask set or loaded on one rank alone, are caught there, not a hang.
         self.tracking = bool(prunable_names) and (config.sparsity > 0 or bool(own_masks))
         self._checks_masks = self.tracking and self.communicating
-        self._verify_pending = self._checks_masks
+        self._verify_pending = self.communicating
         self._exported: dict | None = None  # the tensors last handed out by export(), see _adopt_exported
         self._zero_stays_zero = zero_stays_zero(optimizer)
         self._weights_unmasked = False  # masks changed without zeroing the weights (adopted mid-backward)

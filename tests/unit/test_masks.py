@@ -76,7 +76,7 @@ def test_table_has_one_fixed_row_per_prunable_name_whatever_masks_a_rank_holds()
     prunable = {"a.weight": 8, "b.weight": 4}
     none_held = fingerprint_table(prunable, {}, 0)
     all_kept = fingerprint_table(prunable, {"a.weight": mask_fingerprint(np.ones(8, dtype=bool))}, 0)
-    assert none_held.shape == all_kept.shape == (3, 3)
+    assert none_held.shape == all_kept.shape == (2 + 2, 3)  # two header rows, one row per name
     np.testing.assert_array_equal(none_held, all_kept)
     check_fingerprints(list(prunable), gathered(none_held, all_kept), 2, "torch", "hint")
 

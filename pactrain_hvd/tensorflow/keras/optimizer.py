@@ -68,6 +68,7 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
     verify_every: int = DEFAULT_VERIFY_EVERY,
     masks: dict[str, Any] | Any = None,
     continue_pruning: bool = False,
+    resume_changed_settings: bool = False,
     packed_values: str = "inherit",
     values: str | None = None,
 ) -> Any:
@@ -118,9 +119,11 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
         device_dense=device_dense, device_sparse=device_sparse, scale_local_gradients=scale_local_gradients,
         sparsity=sparsity, begin_step=begin_step, end_step=end_step, frequency=frequency, total_steps=total_steps, prunable=prunable,
         ranking=ranking, pack_min_numel=pack_min_numel, pack_max_density=pack_max_density, verify_every=verify_every,
-        masks=masks, continue_pruning=continue_pruning,
+        masks=masks, continue_pruning=continue_pruning, resume_changed_settings=resume_changed_settings,
         packed_values=packed_values, values=values,
     )
+    state.share_settings(backward_passes_per_step=backward_passes_per_step,
+                         average_aggregated_gradients=average_aggregated_gradients)
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
