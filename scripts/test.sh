@@ -12,7 +12,7 @@ failed=()
 passed=0
 
 # TEST_SUITES picks suites by key (default: all), e.g. TEST_SUITES="unit torch tensorflow".
-SUITES=" ${TEST_SUITES:-lint unit torch tensorflow ddp resume elastic bench mpi} "
+SUITES=" ${TEST_SUITES:-lint unit torch tensorflow ddp resume faults elastic bench mpi} "
 
 # pytest exits 5 when a selection holds no test: that is a gap, said loudly, not a failure.
 run() {
@@ -43,6 +43,7 @@ run tensorflow "tensorflow tf-keras 2 x2 (gloo)" env TF_USE_LEGACY_KERAS=1 "$VEN
   "$PY" -m pytest "${PYTEST[@]}" tests/parallel/tensorflow
 run ddp "torch DDP comm hook x2 (gloo, torch.multiprocessing)" env TF_CPP_MIN_LOG_LEVEL=3 "$PY" -m pytest "${PYTEST[@]}" tests/ddp
 run resume "resume after kill (horovodrun)" "$PY" -m pytest "${PYTEST[@]}" tests/integration
+run faults "faults: a mistake on one rank (horovodrun)" "$PY" -m pytest "${PYTEST[@]}" tests/faults
 run elastic "elastic (horovodrun)" "$PY" -m pytest "${PYTEST[@]}" tests/elastic
 run bench "benchmark --quick (network namespaces)" "$PY" -m pytest "${PYTEST[@]}" tests/bench
 run mpi "mpi x2 (mpirun)" mpirun --allow-run-as-root --oversubscribe -np 2 \

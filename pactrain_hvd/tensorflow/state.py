@@ -39,6 +39,7 @@ from pactrain_hvd.core import (
     TensorStats,
     should_pack,
 )
+from pactrain_hvd.core.agreement import horovod_settings
 from pactrain_hvd.core.config import (
     DEFAULT_RANKING,
     DEFAULT_VERIFY_EVERY,
@@ -46,7 +47,6 @@ from pactrain_hvd.core.config import (
     packed_values_argument,
     reduce_op_name,
 )
-from pactrain_hvd.core.agreement import horovod_settings
 from pactrain_hvd.core.lanes import ternary_layout
 from pactrain_hvd.tensorflow import checkpoint
 from pactrain_hvd.tensorflow.arguments import checked_arguments

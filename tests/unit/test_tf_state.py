@@ -145,14 +145,19 @@ def test_single_process_state_masks_packs_and_checkpoints(monkeypatch):
             assert np.all(grad.numpy()[~masks[name]] == 0)
 
     blob = state.serialize()
-    fresh = pt.PacTrainState(sparsity=0.75, ranking="layer")
+    saved_settings = dict(sparsity=0.75, ranking="layer", begin_step=0, end_step=0)
+    with pytest.raises(pt.CheckpointError, match=r"other PacTrain settings \(end_step 0 -> 1000"):
+        pt.PacTrainState(sparsity=0.75, ranking="layer").deserialize(blob)
+    with pytest.warns(pt.ChangedSettingsWarning, match="masks only shrink"):
+        pt.PacTrainState(sparsity=0.75, ranking="layer", resume_changed_settings=True).deserialize(blob)
+    fresh = pt.PacTrainState(**saved_settings)
     fresh.deserialize(blob)
     assert fresh.step_count == 2 and all(np.array_equal(fresh.masks()[n], m) for n, m in masks.items())
     fresh.bind(small_model().trainable_variables)  # same layer names under another model prefix
     assert [int(m.sum()) for m in fresh.masks().values()] == [int(m.sum()) for m in masks.values()]
     with pytest.raises(pt.CheckpointError, match="not a PacTrain state"):
         fresh.deserialize(b"not npz")
-    shallow = pt.PacTrainState()
+    shallow = pt.PacTrainState(**saved_settings)
     shallow.bind(keras.Sequential([keras.Input((6,)), keras.layers.Dense(80)]).trainable_variables)
     with pytest.raises(pt.CheckpointError, match="only 2 variables are bound"):
         shallow.deserialize(blob)

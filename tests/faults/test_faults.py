@@ -1,0 +1,96 @@
+"""A mistake on one rank is an error on every rank, never a hang (2 ranks, Gloo, each job under a timeout).
+
+Each case runs ``fault_worker.py`` under ``horovodrun`` and asserts how the job ends: its exit, the error
+every rank printed and, where the case is a hang without the check, that it ended within 60 s.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).with_name("fault_worker.py")
+HOROVODRUN = Path(sys.executable).with_name("horovodrun")
+HANG_LIMIT_S = 60  # what a job that would hang without the settings check must end within
+JOB_TIMEOUT_S = 150  # a job still running then is a hang: the test fails instead of waiting
+
+pytestmark = pytest.mark.skipif(not HOROVODRUN.exists(), reason="horovodrun is not installed beside this Python")
+
+
+def job(case: str, frontend: str = "torch") -> tuple[subprocess.CompletedProcess, float, dict[int, str]]:
+    """Run a case; returns the process, its seconds and each rank's last FAULT/DONE line."""
+    command = [str(HOROVODRUN), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, str(WORKER),
+               "--case", case, "--frontend", frontend]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3")
+    start = time.monotonic()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"{case} ({frontend}) hung for {JOB_TIMEOUT_S} s:\n{expired.stdout}\n{expired.stderr}")
+    seconds = time.monotonic() - start
+    endings = {int(m.group(2)): m.group(1) + m.group(3) for m in
+               re.finditer(r"(FAULT|DONE) rank=(\d+)(.*)", done.stdout)}
+    return done, seconds, endings
+
+
+def assert_every_rank_raised(case: str, error: str, *phrases: str, frontend: str = "torch") -> None:
+    done, seconds, endings = job(case, frontend)
+    shown = done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.returncode != 0, shown
+    assert sorted(endings) == [0, 1], f"each rank must say how it ended:\n{shown}"
+    for rank, ending in endings.items():
+        assert ending.startswith(f"FAULT {error}:"), f"rank {rank}: {ending}"
+        for phrase in phrases:
+            assert phrase in ending, f"rank {rank} does not say {phrase!r}: {ending}"
+    assert seconds < HANG_LIMIT_S, f"{case} took {seconds:.0f} s"
+
+
+@pytest.mark.parametrize("frontend", ["torch", "tensorflow"])
+def test_schedule_frequency_that_differs_is_an_error_on_both_ranks_not_a_hang(frontend):
+    assert_every_rank_raised("frequency", "SettingsMismatchError", "frequency (rank 0: 4, rank 1: 8)",
+                             frontend=frontend)
+
+
+def test_total_steps_that_differ_by_one_batch_name_the_resolved_steps_and_the_cause():
+    assert_every_rank_raised("total_steps", "SettingsMismatchError", "total_steps (rank 0: 110, rank 1: 109)",
+                             "end_step (rank 0: 66, rank 1: 65)", "DistributedSampler")
+
+
+def test_pruning_on_one_rank_only_is_an_error_on_both():
+    assert_every_rank_raised("sparsity_off", "SettingsMismatchError", "sparsity (rank 0: 0.5, rank 1: 0.0)")
+
+
+@pytest.mark.parametrize("frontend", ["torch", "tensorflow"])
+def test_nan_weights_at_a_mask_update_raise_and_change_no_mask(frontend):
+    """The worker asserts masks unchanged, none all-zero and sparsity below 1 where it catches the error."""
+    assert_every_rank_raised("nan", "NonFiniteWeightsError", "No mask was changed", frontend=frontend)
+
+
+def test_nan_from_one_rank_reaches_every_rank_as_the_same_error():
+    assert_every_rank_raised("nan_one_rank", "NonFiniteWeightsError", "weights hold NaN or inf")
+
+
+def test_weights_never_broadcast_are_named_as_the_cause_of_differing_masks():
+    assert_every_rank_raised("no_broadcast", "MaskMismatchError", "Weights differ too", "hvd.broadcast_parameters")
+
+
+@pytest.mark.parametrize("frontend", ["torch", "horovod"])
+def test_an_exception_on_one_rank_ends_the_job_as_with_plain_horovod(frontend):
+    done, seconds, endings = job("exception", frontend)
+    assert done.returncode != 0
+    assert endings.get(1, "").startswith("FAULT RuntimeError: a bug in rank 1"), done.stdout[-3000:]
+    assert 0 not in endings or endings[0].startswith("FAULT"), "rank 0 must not report a finished run"
+    assert seconds < JOB_TIMEOUT_S
+
+
+@pytest.mark.parametrize("frontend", ["torch", "horovod"])
+def test_a_killed_rank_ends_the_job_as_with_plain_horovod(frontend):
+    done, seconds, endings = job("kill", frontend)
+    assert done.returncode != 0
+    assert 1 not in endings, "rank 1 was killed: it prints nothing"
+    assert 0 not in endings or endings[0].startswith("FAULT"), "rank 0 must not report a finished run"
+    assert seconds < JOB_TIMEOUT_S
