@@ -241,8 +241,8 @@ class PacTrainHookState:
         self._sent.add(index)
 
     def _verify_if_due(self) -> None:
-        if self._verify_pending:
-            self._pruner.verify(self._step)
+        if self._verify_pending:  # with nothing pruned only the settings must agree, not the position
+            self._pruner.verify(self._step if self._checks_masks else 0)
             self._verify_pending = False
 
     # -- buckets ---------------------------------------------------------------------------------

@@ -170,7 +170,9 @@ class PacTrainState:
         tensors, then run a Mask Tracker check that every rank has due at this step."""
         self._adopt_exported()
         if self._verify_pending:
-            self._pruner.verify(self._step)
+            # With nothing pruned the schedule position is no state ranks must share (Horovod's resume idiom
+            # carries none of ours then): only the settings are proven.
+            self._pruner.verify(self._step if self.tracking else 0)
             self._verify_pending = False
 
     def verify_now(self) -> None:

@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import pactrain_hvd.torch as pt
 from pactrain_hvd.bench.harness import free_port
-from pactrain_hvd.core import MaskMismatchError
+from pactrain_hvd.core import MaskMismatchError, NonFiniteWeightsError, SettingsMismatchError
 
 WORLD = 2
 TIMEOUT_S = 240
@@ -135,6 +135,35 @@ def scenario_masks_that_differ_are_one_error_everywhere():
         assert torch.equal(p, weights[name]), f"{name} was updated with masks that differ"
 
 
+def scenario_settings_that_differ_are_one_error_everywhere():
+    torch.manual_seed(0)
+    model = DDP(Net(), bucket_cap_mb=0.02)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    state = pt.ddp.PacTrainHookState(model, opt, sparsity=0.9, total_steps=(110, 109)[dist.get_rank()], frequency=5)
+    model.register_comm_hook(state, pt.ddp.pactrain_hook)
+    with pytest.raises(SettingsMismatchError, match=r"total_steps \(rank 0: 110, rank 1: 109\).*"
+                                                    r"end_step \(rank 0: 66, rank 1: 65\).*DistributedSampler"):
+        step(model, opt, 0)
+
+
+def scenario_nan_at_a_mask_update_changes_no_mask():
+    torch.manual_seed(0)
+    model = DDP(Net(), bucket_cap_mb=0.02)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    state = pt.ddp.PacTrainHookState(model, opt, sparsity=0.9, ranking="layer", begin_step=0, end_step=2, frequency=2,
+                                     pack_min_numel=0)
+    model.register_comm_hook(state, pt.ddp.pactrain_hook)
+    step(model, opt, 0)
+    masks = state.masks()
+    with torch.no_grad():
+        if dist.get_rank() == 1:
+            model.module.fc1.weight[0, 0] = float("inf")
+    step(model, opt, 1)  # the all-reduce spreads it: every rank's weights are non-finite now
+    with pytest.raises(NonFiniteWeightsError, match=r"'fc1.weight'.*No mask was changed"):
+        step(model, opt, 2)
+    assert all(torch.equal(state.masks()[name], mask) for name, mask in masks.items())
+
+
 def assert_resume_is_exact(make_run, steps: int = 6) -> None:
     """``steps`` steps without a stop against half of them, a checkpoint, a fresh model, DDP, optimizer and
     state loading it on every rank, and the other half: bitwise the same weights and schedule position."""
@@ -245,6 +274,8 @@ SCENARIOS = {
     "pruned_channels_last_bucket_view": (scenario_pruned, (True, False, False, True)),
     "pruned_channels_last_copy": (scenario_pruned, (False, False, False, True)),
     "mismatch": (scenario_masks_that_differ_are_one_error_everywhere, ()),
+    "settings_mismatch": (scenario_settings_that_differ_are_one_error_everywhere, ()),
+    "nan_at_mask_update": (scenario_nan_at_a_mask_update_changes_no_mask, ()),
     "resume": (scenario_exact_resume, ()),
 }
 

@@ -9,6 +9,7 @@ import sys
 import warnings
 
 import horovod.torch as hvd
+import numpy as np
 import pytest
 import torch
 
@@ -107,6 +108,37 @@ def test_checkpoint_from_another_world_size_warns_and_loads():
         fresh.load_state_dict(state)  # same world size, or a checkpoint that predates the field: silent
         del state["pactrain"]["world_size"]
         fresh.load_state_dict(state)
+
+
+def test_checkpoint_saved_at_another_sparsity_is_refused_unless_asked_and_then_said():
+    model, opt = trained(sparsity=0.5)
+    saved = opt.state_dict()
+    other_model, other = trained(sparsity=0.75)
+    before = snapshot(other_model, other)
+    with pytest.raises(pt.CheckpointError, match=r"other PacTrain settings \(sparsity 0.5 -> 0.75, checkpoint -> this "
+                                                 r"optimizer\).*resume_changed_settings=True"):
+        other.load_state_dict(saved)
+    assert_unchanged(before, snapshot(other_model, other))
+    legacy = ckpt(opt)  # a checkpoint from before the settings were recorded still has its sparsity
+    del legacy["pactrain"]["settings"]
+    with pytest.raises(pt.CheckpointError, match=r"sparsity 0.5 -> 0.75"):
+        other.load_state_dict(legacy)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
+    asked = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                    named_parameters=model.named_parameters(), sparsity=0.75, begin_step=0, end_step=0,
+                                    resume_changed_settings=True)
+    with pytest.warns(pt.ChangedSettingsWarning, match=r"sparsity 0.5 -> 0.75.*masks stay as saved"):
+        asked.load_state_dict(saved)
+    assert asked.step_count == opt.step_count and torch.equal(asked.masks()["0.weight"], opt.masks()["0.weight"])
+
+
+@pytest.mark.parametrize("sparsity", [np.float32(0.5), torch.tensor(0.5), np.array(0.5)])
+def test_numpy_scalars_and_0d_tensors_are_accepted_as_numbers(sparsity):
+    model = torch.nn.Linear(64, 64)
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+                                  sparsity=sparsity, total_steps=np.int64(100), frequency=torch.tensor(5))
+    assert opt.config.sparsity == 0.5 and (opt.config.begin_step, opt.config.end_step, opt.config.frequency) == (10, 60, 5)
 
 
 def test_complex_parameters_are_refused_at_construction():
