@@ -9,7 +9,7 @@ from typing import Any
 
 from pactrain_hvd.core.masks import DEFAULT_RANKING, RANKINGS  # noqa: F401 (DEFAULT_RANKING: re-exported)
 from pactrain_hvd.core.plan import DEFAULT_MAX_DENSITY, DEFAULT_MIN_NUMEL
-from pactrain_hvd.core.schedule import PolynomialSchedule, schedule_steps
+from pactrain_hvd.core.schedule import DEFAULT_SPARSITY, PolynomialSchedule, schedule_settings, schedule_steps
 
 # Re-proving masks costs one small allgather plus a hash of the surviving positions; every
 # 100 steps it stays far below 1 % of training time (README, "What packing costs", "Mask Tracker": 0.01 % on ResNet-18).
@@ -95,6 +95,8 @@ class PacTrainConfig:
     pack_min_numel: int = DEFAULT_MIN_NUMEL
     pack_max_density: float = DEFAULT_MAX_DENSITY
     verify_every: int = DEFAULT_VERIFY_EVERY
+    initial_sparsity: float = 0.0  # the schedule's sparsity at begin_step (a schedule object's)
+    power: int = 3
 
     def __post_init__(self) -> None:
         if isinstance(self.sparsity, bool) or not isinstance(self.sparsity, (int, float)):
@@ -120,11 +122,18 @@ class PacTrainConfig:
     @classmethod
     def from_arguments(cls, pack_min_numel: int | None = None, pack_max_density: float | None = None,
                        total_steps: int | None = None, begin_step: int | None = None, end_step: int | None = None,
-                       frequency: int | None = None, **settings: Any) -> PacTrainConfig:
+                       frequency: int | None = None, schedule: Any = None, **settings: Any) -> PacTrainConfig:
         """The frontends' arguments, where ``None`` means the default: for a plan threshold its
-        constant, for the schedule's steps the run's share (``schedule_steps``)."""
+        constant, for the schedule's steps the run's share (``schedule_steps``). ``schedule``: a schedule
+        object (``core.schedule.ConstantSparsity``, ``PolynomialDecay``, ``PolynomialSchedule``) in place of
+        ``total_steps``, ``begin_step``, ``end_step`` and ``frequency`` (``schedule_settings``)."""
         plan = {k: v for k, v in (("pack_min_numel", pack_min_numel), ("pack_max_density", pack_max_density))
                 if v is not None}
+        if schedule is not None:
+            settings.update(schedule_settings(schedule, settings.pop("sparsity", DEFAULT_SPARSITY),
+                                              total_steps=total_steps, begin_step=begin_step, end_step=end_step,
+                                              frequency=frequency))
+            return cls(**settings, **plan)
         begin_step, end_step, frequency = schedule_steps(total_steps, begin_step, end_step, frequency)
         return cls(**settings, **plan, begin_step=begin_step, end_step=end_step, frequency=frequency)
 
@@ -135,6 +144,8 @@ class PacTrainConfig:
             begin_step=self.begin_step,
             end_step=self.end_step,
             frequency=self.frequency,
+            initial_sparsity=float(self.initial_sparsity),
+            power=self.power,
         )
 
     def verifies_at(self, step: int) -> bool:

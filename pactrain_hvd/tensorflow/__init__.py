@@ -5,7 +5,7 @@ Keras users: ``pactrain_hvd.tensorflow.keras.DistributedOptimizer``.
 
 from horovod.tensorflow.compression import Compression
 
-from pactrain_hvd.core import CheckpointError, MaskMismatchError
+from pactrain_hvd.core import CheckpointError, ConstantSparsity, MaskMismatchError, PolynomialDecay, short_ramp
 from pactrain_hvd.tensorflow.compression import PacTrainCompressor
 from pactrain_hvd.tensorflow.functions import broadcast_masks
 from pactrain_hvd.tensorflow.pruning import Pruner, default_prunable
@@ -14,13 +14,16 @@ from pactrain_hvd.tensorflow.tape import DistributedGradientTape, PartialDistrib
 
 __all__ = [
     "CheckpointError",
+    "ConstantSparsity",
     "Compression",
     "DistributedGradientTape",
     "MaskMismatchError",
     "PacTrainCompressor",
     "PacTrainState",
+    "PolynomialDecay",
     "PartialDistributedGradientTape",
     "Pruner",
     "broadcast_masks",
     "default_prunable",
+    "short_ramp",
 ]

@@ -2,7 +2,7 @@
 
 from horovod.torch.compression import Compression
 
-from pactrain_hvd.core import CheckpointError, MaskMismatchError
+from pactrain_hvd.core import CheckpointError, ConstantSparsity, MaskMismatchError, PolynomialDecay, short_ramp
 from pactrain_hvd.torch import ddp
 from pactrain_hvd.torch.checkpoint import load_checkpoint, save_checkpoint
 from pactrain_hvd.torch.compression import PacTrainCompressor
@@ -14,17 +14,20 @@ from pactrain_hvd.torch.state import PacTrainState
 
 __all__ = [
     "CheckpointError",
+    "ConstantSparsity",
     "Compression",
     "DistributedOptimizer",
     "MaskMismatchError",
     "PacTrainCompressor",
     "PacTrainState",
+    "PolynomialDecay",
     "PacTrainStateHandler",
     "Pruner",
     "broadcast_masks",
     "broadcast_optimizer_state",
     "ddp",
     "default_prunable",
+    "short_ramp",
     "load_checkpoint",
     "save_checkpoint",
 ]

@@ -62,8 +62,8 @@ class HorovodEngine:
     # -- what each all-reduce carries: the plan's codec, per tensor ------------------------------
     def _local_grad(self, p: torch.Tensor) -> torch.Tensor:
         """``p``'s dense local gradient, once masks are proven to agree (a Mask Tracker check, when due, is
-        the step's first communication)."""
-        self._pactrain.adopt_and_verify()
+        the step's first communication; a schedule that prunes at step 0 ranks its masks just before it)."""
+        self._pactrain.before_communication()
         if p.grad is None:
             # Another rank may have a gradient for it (dynamic graphs): send zeros, as Horovod does.
             p.grad = torch.zeros_like(p)
@@ -107,7 +107,7 @@ class HorovodEngine:
 
     def _sparse_allreduce_grad_async(self, p: torch.Tensor) -> tuple[Any, None]:
         """An unpruned sparse gradient travels as Horovod sends it: indices and values allgathered."""
-        self._pactrain.adopt_and_verify()
+        self._pactrain.before_communication()
         grad = p.grad
         self._pactrain.record(p, sum(t.numel() * t.element_size() for t in (grad._indices(), grad._values())))
         return sparse_allreduce_async(grad, name=self._names[p], op=self.op, process_set=self.process_set), None

@@ -83,15 +83,16 @@ class Pruner:
         self.pruned: dict[str, torch.Tensor] = {}  # ~mask, kept so that steps do not allocate it
         self._fingerprints: dict[str, tuple[torch.Tensor, int, tuple[int, int]]] = {}  # mask, its version, hash
 
-    def update(self, step: int, verify: bool = True) -> None:
-        """Recompute masks at the schedule's target for ``step`` and (``verify``) prove them equal across ranks."""
+    def update(self, step: int, verify: bool = True, zero_weights: bool = True) -> None:
+        """Recompute masks at the schedule's target for ``step`` and (``verify``) prove them equal across ranks;
+        ``zero_weights`` as in ``install``."""
         # float32 on the host: numpy has no bfloat16, and magnitudes rank the same in float32.
         weights = {name: self.parameters[name].detach().float().cpu().numpy() for name in self.prunable_names}
         previous = {name: mask.cpu().numpy() for name, mask in self.masks.items()}
         new_masks = magnitude_masks(weights, self.schedule.target(step), previous, self.ranking)
         if verify:
             self.verify(step, new_masks)
-        self.install(new_masks)
+        self.install(new_masks, zero_weights)
 
     def validate(self, masks: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Check names, shapes and dtypes of externally supplied masks; nothing is changed."""
