@@ -16,7 +16,11 @@ from pathlib import Path
 
 from pactrain_hvd.bench.methods import parse_method
 
-PEERS = ("fp16", "topk", "powersgd", "ddp-fp16", "ddp-powersgd")  # DDP's: torch's own fp16 and PowerSGD hooks
+PEER_KINDS = ("fp16", "topk", "powersgd")  # at any density or rank; on DDP: torch's own fp16 and PowerSGD hooks
+
+
+def is_peer(method: str) -> bool:
+    return parse_method(method).kind in PEER_KINDS
 
 
 def is_pactrain(method: str) -> bool:
@@ -127,7 +131,7 @@ def verdict(rows: dict) -> dict:
         return min(timed) if timed else (None, None)
 
     ours = best([name for name in rows if is_pactrain(name)])
-    peer = best([name for name in rows if name in PEERS])
+    peer = best([name for name in rows if is_peer(name)])
     result = {"pactrain": ours[1], "pactrain_s": ours[0], "peer": peer[1], "peer_s": peer[0]}
     if ours[0] is not None and peer[0] is not None:
         result["speedup_over_best_peer"] = peer[0] / ours[0]

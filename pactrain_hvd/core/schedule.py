@@ -169,7 +169,7 @@ def schedule_settings(schedule: object, sparsity: float = DEFAULT_SPARSITY, **cl
                         f"got {type(schedule).__name__}")
     given = sorted(name for name, value in clock.items() if value is not None)
     if given:
-        raise ValueError(f"give schedule= or {', '.join(given)}=, not both: the schedule object holds its steps")
+        raise ValueError(f"give schedule= or {'=, '.join(given)}=, not both: the schedule object holds its steps")
     polynomial = schedule if isinstance(schedule, PolynomialSchedule) else schedule.polynomial()
     if sparsity not in (DEFAULT_SPARSITY, polynomial.final_sparsity):
         raise ValueError(f"sparsity={sparsity!r} contradicts schedule=, whose final sparsity is "
