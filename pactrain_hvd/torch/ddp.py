@@ -231,7 +231,8 @@ class PacTrainHookState:
         if not self._sent or index in self._sent:
             self._sent.clear()
             self._stats.tensors.clear()
-            if self._step == 0 and self._pruned_at is None and self.config.schedule.is_update_step(0):
+            if (self._step == 0 and self._pruned_at is None and not self._pruner.masks
+                    and self.config.schedule.is_update_step(0)):
                 self._prune_before_reduction()
             self._verify_if_due()
         self._sent.add(index)

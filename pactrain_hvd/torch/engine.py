@@ -86,6 +86,7 @@ class HorovodEngine:
         return wire, ctx
 
     def _allreduce_grad_async(self, p: torch.Tensor) -> tuple[Any, Any]:
+        self._pactrain.before_communication()  # may rank step 0's masks: the plan is read after it
         compressor = self._pactrain.compressor(p)
         if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense and compressor.mask is None:
             return self._sparse_allreduce_grad_async(p)
@@ -168,6 +169,7 @@ class HorovodEngine:
         return {p: tuple(group) for group in formed if group for p in group}
 
     def _grouped_allreduce_grad_async(self, group: tuple) -> tuple[Any, Any]:
+        self._pactrain.before_communication()
         wires, ctxs = zip(*[self._compress(p) for p in group])
         handle = grouped_allreduce_async_(list(wires), name=self._names[group[0]], op=self.op, process_set=self.process_set,
                                           **self._scale_factors())
@@ -180,6 +182,7 @@ class HorovodEngine:
         self._delay[p] -= 1
         handle, ctx = None, None
         if self._delay[p] == 0:
+            self._pactrain.before_communication()  # before the plan decides how p travels
             if self._groups is not None and not self._travels_alone(p):
                 group = self._groups[p]
                 self._group_counts[group] += 1

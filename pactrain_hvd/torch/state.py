@@ -168,9 +168,15 @@ class PacTrainState:
         """Before each of the step's communications (from the engine): take broadcast state, rank step 0's
         masks if the schedule prunes there (so step 0's all-reduce is already packed), and run a due check."""
         self._adopt_exported()
-        if self._step == 0 and self._pruned_at is None and self.config.schedule.is_update_step(0):
+        if self._first_masks_due():
             self._prune_before_reduction()
         self.adopt_and_verify()
+
+    def _first_masks_due(self) -> bool:
+        """Whether the schedule ranks the first masks at step 0 (none held yet: given masks, with their
+        ``torch.nn.utils.prune`` buffers that autograd reads, are updated after the reduction as before)."""
+        return (self._step == 0 and self._pruned_at is None and not self._pruner.masks
+                and self.config.schedule.is_update_step(0))
 
     def _prune_before_reduction(self) -> None:
         """The schedule's update, made before the step's first all-reduce, from the weights every rank holds
@@ -204,12 +210,15 @@ class PacTrainState:
         if self._ternary is not None:
             self._ternary.memory.commit()  # this step is taken (a loss scaler that skips it never calls step)
         self.adopt_and_verify()
-        if self._step == 0 and self._pruned_at is None and self.config.schedule.is_update_step(0):
+        if self._first_masks_due():
             self._prune_before_reduction()  # nothing was communicated (a single process): the same masks
-        remask = not self._zero_stays_zero or self._weights_unmasked or self.config.verifies_at(self._step)
-        if self._pruned_at == self._step:  # masks ranked before this step's reduction: weights zeroed now
-            self._pruner.apply_to_weights()
+        if self._pruned_at == self._step and self._weights_unmasked:  # masks ranked before this step's reduction
+            self._pruner.apply_to_weights()  # autograd is done with the weights: zeroed before the update
             self._pruner.mask_gradients()
+            self._weights_unmasked = False
+        remask = not self._zero_stays_zero or self._weights_unmasked or self.config.verifies_at(self._step)
+        if self._pruned_at == self._step:
+            pass
         elif self.config.schedule.is_update_step(self._step):
             self._pruner.update(self._step, verify=self.communicating)
             self._after_mask_change()

@@ -114,6 +114,25 @@ def test_step_0_reduces_what_a_dense_all_reduce_of_the_masked_gradients_gives():
         opt.step()
 
 
+@pytest.mark.parametrize("packed_values", ["inherit", "ternary"])
+def test_a_prunable_tensor_whose_gradient_is_ready_first_travels_packed(packed_values):
+    """The plan is read after step 0's masks are ranked, whichever tensor's hook comes first."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False), torch.nn.ReLU(), torch.nn.Linear(32, 4, bias=False))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = pt.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters(), ranking="layer",
+                                  pack_min_numel=0, schedule=pt.ConstantSparsity(0.5), packed_values=packed_values)
+    inputs = torch.randn(16, 64, generator=torch.Generator().manual_seed(hvd.rank()))
+    for step in range(3):
+        opt.zero_grad()
+        model(inputs).square().mean().backward()
+        opt.step()
+        for name, tensor in opt.stats()["tensors"].items():
+            assert tensor["packed"] and tensor["kept"] == tensor["numel"] // 2, (name, step)
+            if packed_values == "inherit":
+                assert tensor["sent_bytes"] == 4 * tensor["kept"], (name, step)
+    assert_same_on_all_ranks(dict(model.named_parameters()))
+
+
 def test_ternary_values_from_the_first_step():
     model, opt = fresh(schedule=pt.ConstantSparsity(0.95), packed_values="ternary")
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
