@@ -34,7 +34,7 @@ def assert_packed(state, masks, kept=None, value_bytes=4):
                                       {"sparsity": 0.9, "begin_step": 0, "end_step": 0}], ids=["object", "steps"])
 def test_step_0_reduces_the_packed_bytes_of_masks_ranked_on_the_broadcast_weights(schedule):
     model = make_model(seed=hvd.rank())  # each rank initialises its own weights ...
-    hvd.broadcast_variables(model.variables, root_rank=0)  # ... and takes the root's before the first step
+    hvd.broadcast_variables(list(named(model.variables).values()), root_rank=0)  # ... and takes the root's first
     variables = named(model.trainable_variables)
     prunable = {name for name, v in variables.items() if v.shape.rank >= 2}
     broadcast = {name: variables[name].numpy().copy() for name in prunable}
