@@ -1,10 +1,12 @@
 """Method names of the benchmark and what they mean (no Horovod import: the harness parses them too).
 
-``dense``, ``fp16``, ``topk`` (``topk-0.001``: density), ``powersgd`` (``powersgd-r8``: rank),
+``dense``, ``fp16``, ``topk`` (1 %; ``topk-0.001``: 0.1 %, DGC's ratio; error feedback), ``powersgd`` (rank 4;
+``powersgd-r8``: rank 8; error feedback and warm start, compressing from the first step),
 ``pactrain-0.9`` (fp32 values), ``pactrain-0.9-fp16``, ``pactrain-0.9-ternary`` (shared-scale ternary
 codes in int32 lanes, ``packed_values="ternary"``). A PacTrain name may end in a pruning window as fractions of
 the run (``pactrain-0.9-fp16-w0-0.3``: from step 0 to 30 % of ``total_steps``); without one the
-product's default window applies. ``ddp``-prefixed names are the same methods on torch
+product's default window applies. ``-w0-0`` is sparse from the first step: the masks are ranked once, before
+step 0's all-reduce, so no step sends a prunable tensor dense (``pt.ConstantSparsity``). ``ddp``-prefixed names are the same methods on torch
 DistributedDataParallel with its comm hooks (``bench/ddp_methods.py``): ``ddp`` (DDP's own all-reduce),
 ``ddp-fp16`` (``fp16_compress_hook``), ``ddp-powersgd`` (torch's ``powerSGD_hook``), ``ddp-pactrain-0.9-fp16``
 (``pt.ddp.pactrain_hook``).

@@ -16,7 +16,11 @@ from pathlib import Path
 
 from pactrain_hvd.bench.methods import parse_method
 
-PEERS = ("fp16", "topk", "powersgd", "ddp-fp16", "ddp-powersgd")  # DDP's: torch's own fp16 and PowerSGD hooks
+PEER_KINDS = ("fp16", "topk", "powersgd")  # at any density or rank; on DDP: torch's own fp16 and PowerSGD hooks
+
+
+def is_peer(method: str) -> bool:
+    return parse_method(method).kind in PEER_KINDS
 
 
 def is_pactrain(method: str) -> bool:
@@ -55,12 +59,23 @@ def at_budget(curve: list[list[float]], budget_s: float) -> float | None:
 REFERENCES = ("fp16", "ddp-fp16", "dense", "ddp")  # the first of these in a cell sets its first target
 
 
+def completed(run: dict, cell: dict) -> bool:
+    """Whether a run did the cell's steps (a wall-clock budget can stop it earlier)."""
+    return run["steps"] >= cell.get("steps", run["steps"])
+
+
+def own_reference(cell: dict) -> str | None:
+    """The cell's first fp16 (else DDP fp16, dense) run that did all the cell's steps."""
+    return next((m for m in REFERENCES if m in cell["runs"] and completed(cell["runs"][m], cell)), None)
+
+
 def reference_final(cell: dict) -> tuple[float, str]:
     """The final metric the first target loosens, and whose it is: the cell's own fp16 run (else DDP's fp16,
-    dense); else one adopted from another part of the same cell (``tta --reference``: a final metric does
-    not depend on the machine's load, only its times do); else the cell's first run."""
+    dense) if it did all the steps; else one adopted from another record of the same steps (``tta --reference``:
+    a final metric does not depend on the link or the machine's load, only its times do; an unconstrained
+    loopback run serves every link); else the cell's first run."""
     runs = cell["runs"]
-    own = next((m for m in REFERENCES if m in runs), None)
+    own = own_reference(cell)
     if own is not None:
         return runs[own]["curve"][-1][2], f"{own}'s final"
     if "reference" in cell:
@@ -71,13 +86,38 @@ def reference_final(cell: dict) -> tuple[float, str]:
 
 
 def adopt_reference(record: dict, other: dict, name: str) -> None:
-    """Give each cell of ``record`` without an fp16 (or DDP fp16, dense) run the final metric of that run in
-    ``other``'s same cell, so that a part re-running only some methods is judged on the same target."""
+    """Give each cell of ``record`` without a complete fp16 (or DDP fp16, dense) run the final metric of that
+    run in ``other``'s same cell (or, failing that, in a loopback cell of ``other`` with the same workload,
+    workers and steps), so that a part re-running only some methods, or one whose fp16 a wall-clock budget
+    stopped, is judged on the target of an unconstrained run of the same steps. The reference's curve is kept:
+    it bounds a budget-stopped fp16's time to the target from below."""
     for key, cell in record["cells"].items():
-        runs = other["cells"].get(key, {}).get("runs", {})
-        method = next((m for m in REFERENCES if m in runs), None)
-        if method is not None and not any(m in cell["runs"] for m in REFERENCES):
-            cell["reference"] = {"method": method, "final": runs[method]["curve"][-1][2], "record": name}
+        if own_reference(cell) is not None:
+            continue
+        candidates = [other["cells"].get(key, {})] + [
+            c for c in other["cells"].values() if str(c.get("where", "")).startswith("loopback")
+            and (c.get("workload"), c.get("workers"), c.get("steps")) == (cell.get("workload"), cell.get("workers"),
+                                                                           cell.get("steps"))]
+        for candidate in candidates:
+            method = next((m for m in REFERENCES if m in candidate.get("runs", {})
+                           and completed(candidate["runs"][m], candidate)), None)
+            if method is not None:
+                reference = candidate["runs"][method]
+                cell["reference"] = {"method": method, "final": reference["curve"][-1][2], "record": name,
+                                     "where": candidate.get("where", ""), "curve": reference["curve"]}
+                break
+
+
+def steps_bound(row_run: dict, cell: dict, target: float, metric: str) -> float | None:
+    """A budget-stopped run's time to ``target``, bounded from below: the steps the unconstrained reference run of
+    the same method needed to reach it, at this run's median step time (evaluation excluded)."""
+    reference = cell.get("reference")
+    if reference is None or "curve" not in reference or not row_run.get("step_s"):
+        return None
+    if parse_method(reference["method"]).kind != parse_method(row_run.get("method", reference["method"])).kind:
+        return None
+    step = next((s for _, s, value, _ in reference["curve"] if reaches(value, target, metric)), None)
+    return None if step is None else step * statistics.median(row_run["step_s"])
 
 
 def targets(cell: dict, reference: float) -> tuple[float, float]:
@@ -116,6 +156,8 @@ def summarize(cell: dict) -> dict:
             "x_bound_late": late_x_bound(run, bound),
             "nic_mb": sum(nic) / len(nic) / 1e6 if nic else None, "sparsity": run.get("sparsity", 0.0),
         }
+        if rows[method]["time_to_target"] is None and not completed(run, cell):
+            rows[method]["time_to_target_at_least"] = steps_bound(dict(run, method=method), cell, first, metric)
     return {"metric": metric, "target": first, "target_source": source, "lower_target": second, "budget_s": budget, "rows": rows,
             "verdict": verdict(rows)}
 
@@ -127,17 +169,22 @@ def verdict(rows: dict) -> dict:
         return min(timed) if timed else (None, None)
 
     ours = best([name for name in rows if is_pactrain(name)])
-    peer = best([name for name in rows if name in PEERS])
+    peer = best([name for name in rows if is_peer(name)])
     result = {"pactrain": ours[1], "pactrain_s": ours[0], "peer": peer[1], "peer_s": peer[0]}
     if ours[0] is not None and peer[0] is not None:
         result["speedup_over_best_peer"] = peer[0] / ours[0]
     fp16 = rows.get("fp16", {}).get("time_to_target")
     if fp16 is not None and ours[0] is not None:
         result["speedup_over_fp16"] = fp16 / ours[0]
+    fp16_at_least = rows.get("fp16", {}).get("time_to_target_at_least")
+    if fp16 is None and fp16_at_least is not None and ours[0] is not None:
+        result["speedup_over_fp16_at_least"] = fp16_at_least / ours[0]
     return result
 
 
-def seconds(value: float | None) -> str:
+def seconds(value: float | None, at_least: float | None = None) -> str:
+    if value is None and at_least is not None:
+        return f">= {at_least:.0f} s (stopped; steps to target x step time)"
     return "not reached" if value is None else f"{value:.0f} s"
 
 
@@ -167,14 +214,16 @@ def cell_markdown(key: str, cell: dict, summary: dict) -> str:
         x_bound = "n/a" if row["x_bound"] is None else f"{row['x_bound']:.2f}"
         late = "n/a" if row["x_bound_late"] is None else f"{row['x_bound_late']:.2f}"
         nic = "n/a" if row["nic_mb"] is None else f"{row['nic_mb']:.0f}"
-        lines.append(f"| {method} | {row['final']:.4f} | {seconds(row['time_to_target'])} | "
+        lines.append(f"| {method} | {row['final']:.4f} | {seconds(row['time_to_target'], row.get('time_to_target_at_least'))} | "
                      f"{seconds(row['time_to_lower'])} | {budget} | {row['steps']} | {row['train_s']:.0f} | "
                      f"{row['samples_per_s']:.1f} | {x_bound} | {late} | {nic} |")
     v = summary["verdict"]
     if "speedup_over_best_peer" in v:
         lines += ["", f"PacTrain's best ({v['pactrain']}) reaches the target in {v['pactrain_s']:.0f} s: "
                       f"{v['speedup_over_best_peer']:.2f}x sooner than the best peer ({v['peer']}, {v['peer_s']:.0f} s)"
-                      + (f", {v['speedup_over_fp16']:.2f}x sooner than fp16." if "speedup_over_fp16" in v else ".")]
+                      + (f", {v['speedup_over_fp16']:.2f}x sooner than fp16." if "speedup_over_fp16" in v else
+                         f", at least {v['speedup_over_fp16_at_least']:.2f}x sooner than fp16 (stopped by the budget)."
+                         if "speedup_over_fp16_at_least" in v else ".")]
     else:
         lines += ["", f"No comparison on the target: PacTrain best {v['pactrain']}, best peer {v['peer']}."]
     return "\n".join(lines)

@@ -23,15 +23,17 @@ from pactrain_hvd.core.masks import (
 )
 from pactrain_hvd.core.plan import should_pack
 from pactrain_hvd.core.resume import check_saved_world_size, saved_by_this_rank, while_running
-from pactrain_hvd.core.schedule import PolynomialSchedule, rewound_cosine
+from pactrain_hvd.core.schedule import ConstantSparsity, PolynomialDecay, PolynomialSchedule, rewound_cosine, short_ramp
 
 __all__ = [
     "ChangedSettingsWarning",
     "CheckpointError",
+    "ConstantSparsity",
     "MaskMismatchError",
     "NonFiniteWeightsError",
     "SettingsMismatchError",
     "PacTrainConfig",
+    "PolynomialDecay",
     "PolynomialSchedule",
     "StepStats",
     "TensorStats",
@@ -51,6 +53,7 @@ __all__ = [
     "prunable_predicate",
     "ring_allreduce_bytes",
     "rewound_cosine",
+    "short_ramp",
     "should_pack",
     "validate_mask",
     "validate_masks",

@@ -11,7 +11,7 @@ from pactrain_hvd.core.agreement import Setting
 from pactrain_hvd.core.masks import DEFAULT_RANKING, RANKINGS  # noqa: F401 (DEFAULT_RANKING: re-exported)
 from pactrain_hvd.core.numeric import plain_number
 from pactrain_hvd.core.plan import DEFAULT_MAX_DENSITY, DEFAULT_MIN_NUMEL
-from pactrain_hvd.core.schedule import PolynomialSchedule, schedule_steps
+from pactrain_hvd.core.schedule import DEFAULT_SPARSITY, PolynomialSchedule, schedule_settings, schedule_steps
 
 # Re-proving masks costs one small allgather plus a hash of the surviving positions; every
 # 100 steps it stays far below 1 % of training time (README, "What packing costs", "Mask Tracker": 0.01 % on ResNet-18).
@@ -99,6 +99,8 @@ class PacTrainConfig:
     verify_every: int = DEFAULT_VERIFY_EVERY
     total_steps: int | None = None  # what the schedule's steps were derived from, if given (for messages)
     resume_changed_settings: bool = False  # load a checkpoint saved under other settings (core.resume)
+    initial_sparsity: float = 0.0  # the schedule's sparsity at begin_step (a schedule object's)
+    power: int = 3
 
     def __post_init__(self) -> None:
         for name in ("sparsity", "begin_step", "end_step", "frequency", "pack_min_numel", "pack_max_density",
@@ -129,12 +131,19 @@ class PacTrainConfig:
     @classmethod
     def from_arguments(cls, pack_min_numel: int | None = None, pack_max_density: float | None = None,
                        total_steps: int | None = None, begin_step: int | None = None, end_step: int | None = None,
-                       frequency: int | None = None, **settings: Any) -> PacTrainConfig:
+                       frequency: int | None = None, schedule: Any = None, **settings: Any) -> PacTrainConfig:
         """The frontends' arguments, where ``None`` means the default: for a plan threshold its
-        constant, for the schedule's steps the run's share (``schedule_steps``)."""
+        constant, for the schedule's steps the run's share (``schedule_steps``). ``schedule``: a schedule
+        object (``core.schedule.ConstantSparsity``, ``PolynomialDecay``, ``PolynomialSchedule``) in place of
+        ``total_steps``, ``begin_step``, ``end_step`` and ``frequency`` (``schedule_settings``)."""
         plan = {k: v for k, v in (("pack_min_numel", pack_min_numel), ("pack_max_density", pack_max_density))
                 if v is not None}
         total_steps = plain_number(total_steps)
+        if schedule is not None:
+            settings.update(schedule_settings(schedule, settings.pop("sparsity", DEFAULT_SPARSITY),
+                                              total_steps=total_steps, begin_step=begin_step, end_step=end_step,
+                                              frequency=frequency))
+            return cls(**settings, **plan)
         begin_step, end_step, frequency = schedule_steps(total_steps, begin_step, end_step, frequency)
         return cls(**settings, **plan, begin_step=begin_step, end_step=end_step, frequency=frequency,
                    total_steps=total_steps)
@@ -146,6 +155,8 @@ class PacTrainConfig:
             begin_step=self.begin_step,
             end_step=self.end_step,
             frequency=self.frequency,
+            initial_sparsity=float(self.initial_sparsity),
+            power=self.power,
         )
 
     def shared_settings(self) -> dict[str, Setting]:
@@ -153,7 +164,7 @@ class PacTrainConfig:
         return {"total_steps": self.total_steps, "begin_step": self.begin_step, "end_step": self.end_step,
                 "frequency": self.frequency, "sparsity": float(self.sparsity), "ranking": self.ranking,
                 "pack_min_numel": self.pack_min_numel, "pack_max_density": float(self.pack_max_density),
-                "verify_every": self.verify_every}
+                "verify_every": self.verify_every, "initial_sparsity": float(self.initial_sparsity), "power": self.power}
 
     def verifies_at(self, step: int) -> bool:
         """Whether ``step`` has a periodic Mask Tracker check (every ``verify_every`` steps; 0: none)."""

@@ -1,4 +1,5 @@
-"""Gradual magnitude-pruning schedule (Zhu & Gupta 2017), the cubic PolynomialDecay of tfmot, and the learning-rate rewind that suits it."""
+"""Pruning schedules: gradual magnitude pruning (Zhu & Gupta 2017; the cubic PolynomialDecay of tfmot), sparse from
+the first step (``ConstantSparsity``, ``short_ramp``), and the learning-rate rewind that suits them."""
 
 from __future__ import annotations
 
@@ -72,6 +73,113 @@ class PolynomialSchedule:
         if last is not None:
             candidates.append(last + self.frequency)
         return min((c for c in candidates if c > step and self.is_update_step(c)), default=None)
+
+
+@dataclass(frozen=True)
+class ConstantSparsity:
+    """Sparse from the first step: masks at ``sparsity`` from ``begin_step`` on (tfmot's ``ConstantSparsity``).
+
+    With the default ``begin_step=0`` the masks are ranked before step 0's first all-reduce, from the
+    weights every rank holds by then (after the usual broadcast from the root), so no step sends a
+    prunable tensor dense. For a freshly initialised model, magnitude at initialisation with ``ranking="erk"``
+    shares is random pruning at Erdős-Rényi-Kernel densities; for a pretrained one it keeps the largest
+    weights. ``end_step`` (default: ``begin_step``, rank once and keep the masks) with ``frequency``
+    re-ranks at the same sparsity every ``frequency`` steps up to ``end_step``.
+
+    Example::
+
+        >>> opt = pt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+        ...                               schedule=ConstantSparsity(0.95), packed_values="ternary")
+    """
+
+    sparsity: float
+    begin_step: int = 0
+    end_step: int | None = None
+    frequency: int = 100
+
+    def __post_init__(self) -> None:
+        self.polynomial()  # validates
+
+    def polynomial(self) -> PolynomialSchedule:
+        """The same schedule as a ``PolynomialSchedule`` (initial and final sparsity equal)."""
+        end = self.begin_step if self.end_step is None else self.end_step
+        return PolynomialSchedule(final_sparsity=_fraction("sparsity", self.sparsity), begin_step=self.begin_step,
+                                  end_step=end, frequency=self.frequency, initial_sparsity=float(self.sparsity))
+
+
+@dataclass(frozen=True)
+class PolynomialDecay:
+    """Gradual pruning, tfmot's ``PolynomialDecay``: from ``initial_sparsity`` at ``begin_step`` to
+    ``final_sparsity`` at ``end_step``, masks re-ranked every ``frequency`` steps (and at ``end_step``).
+
+    ``initial_sparsity > 0`` with ``begin_step=0`` packs from the first step: step 0's masks are ranked
+    before its first all-reduce. With ``frequency=1`` every step of the ramp sends survivors at that
+    step's density (``short_ramp`` builds one). ``initial_sparsity >= 1 - pack_max_density`` (0.25 with
+    the default plan) packs every large prunable tensor from step 0.
+
+    Example::
+
+        >>> schedule = PolynomialDecay(initial_sparsity=0.5, final_sparsity=0.95, begin_step=0, end_step=200,
+        ...                            frequency=10)
+    """
+
+    initial_sparsity: float
+    final_sparsity: float
+    begin_step: int
+    end_step: int
+    power: int = 3
+    frequency: int = 100
+
+    def __post_init__(self) -> None:
+        self.polynomial()  # validates
+
+    def polynomial(self) -> PolynomialSchedule:
+        return PolynomialSchedule(final_sparsity=_fraction("final_sparsity", self.final_sparsity),
+                                  begin_step=self.begin_step, end_step=self.end_step, frequency=self.frequency,
+                                  initial_sparsity=_fraction("initial_sparsity", self.initial_sparsity),
+                                  power=self.power)
+
+
+def short_ramp(final_sparsity: float, steps: int, initial_sparsity: float = 0.5, power: int = 3) -> PolynomialDecay:
+    """Packed from step 0 at ``initial_sparsity``, masks re-ranked at every step of a ``steps``-step cubic ramp
+    to ``final_sparsity``: every step sends survivors at that step's density."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be an int >= 0 (the ramp's length in optimizer steps), got {steps!r}")
+    return PolynomialDecay(initial_sparsity=initial_sparsity, final_sparsity=final_sparsity, begin_step=0,
+                           end_step=steps, power=power, frequency=1)
+
+
+SCHEDULES = (ConstantSparsity, PolynomialDecay, PolynomialSchedule)
+DEFAULT_SPARSITY = 0.9  # the frontends' ``sparsity`` default
+
+
+def _fraction(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number in [0, 1), got {value!r}")
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+    return float(value)
+
+
+def schedule_settings(schedule: object, sparsity: float = DEFAULT_SPARSITY, **clock: int | None) -> dict:
+    """The settings a ``schedule=`` argument stands for: ``sparsity``, ``begin_step``, ``end_step``, ``frequency``,
+    ``initial_sparsity`` and ``power``. ``clock``: the frontend's ``total_steps``, ``begin_step``, ``end_step`` and
+    ``frequency`` arguments, which must be left unset beside a schedule object; ``sparsity`` must be left at its
+    default or equal the schedule's final sparsity."""
+    if not isinstance(schedule, SCHEDULES):
+        raise TypeError("schedule must be pactrain_hvd.core.ConstantSparsity, PolynomialDecay or PolynomialSchedule, "
+                        f"got {type(schedule).__name__}")
+    given = sorted(name for name, value in clock.items() if value is not None)
+    if given:
+        raise ValueError(f"give schedule= or {'=, '.join(given)}=, not both: the schedule object holds its steps")
+    polynomial = schedule if isinstance(schedule, PolynomialSchedule) else schedule.polynomial()
+    if sparsity not in (DEFAULT_SPARSITY, polynomial.final_sparsity):
+        raise ValueError(f"sparsity={sparsity!r} contradicts schedule=, whose final sparsity is "
+                         f"{polynomial.final_sparsity!r}: leave sparsity out (with masks=, schedule= needs "
+                         "continue_pruning=True)")
+    return {"sparsity": polynomial.final_sparsity, "begin_step": polynomial.begin_step,
+            "end_step": polynomial.end_step, "frequency": polynomial.frequency,
+            "initial_sparsity": polynomial.initial_sparsity, "power": polynomial.power}
 
 
 # Without ``total_steps`` the clock is fixed, whatever the run's length (tfmot's PolynomialDecay asks the same).

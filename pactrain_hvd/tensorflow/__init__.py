@@ -8,9 +8,12 @@ from horovod.tensorflow.compression import Compression
 from pactrain_hvd.core import (
     ChangedSettingsWarning,
     CheckpointError,
+    ConstantSparsity,
     MaskMismatchError,
     NonFiniteWeightsError,
+    PolynomialDecay,
     SettingsMismatchError,
+    short_ramp,
 )
 from pactrain_hvd.tensorflow.compression import PacTrainCompressor
 from pactrain_hvd.tensorflow.functions import broadcast_masks
@@ -21,6 +24,7 @@ from pactrain_hvd.tensorflow.tape import DistributedGradientTape, PartialDistrib
 __all__ = [
     "ChangedSettingsWarning",
     "CheckpointError",
+    "ConstantSparsity",
     "Compression",
     "DistributedGradientTape",
     "MaskMismatchError",
@@ -28,8 +32,10 @@ __all__ = [
     "SettingsMismatchError",
     "PacTrainCompressor",
     "PacTrainState",
+    "PolynomialDecay",
     "PartialDistributedGradientTape",
     "Pruner",
     "broadcast_masks",
     "default_prunable",
+    "short_ramp",
 ]

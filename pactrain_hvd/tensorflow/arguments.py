@@ -25,14 +25,15 @@ def _validate_groups(groups: Any) -> None:
 def checked_arguments(*, compression: Any, op: Any, gradient_predivide_factor: float, groups: Any, packed_values: str,
                        process_set: Any, prunable: Prunable, sparsity: float, masks: Any, continue_pruning: bool,
                        begin_step: int | None, end_step: int | None, frequency: int | None,
-                       total_steps: int | None, ranking: str, verify_every: int,
+                       total_steps: int | None, ranking: str, verify_every: int, schedule: Any = None,
                        pack_min_numel: int | None, pack_max_density: float | None, resume_changed_settings: bool,
                        **_unchecked: Any) -> tuple[PacTrainConfig, PendingMasks | None]:
     """``PacTrainState``'s arguments checked, before anything is created or communicated: its config and
     given masks."""
     config = PacTrainConfig.from_arguments(
         sparsity=schedule_sparsity(sparsity, masks is not None, continue_pruning), begin_step=begin_step,
-        end_step=end_step, frequency=frequency, total_steps=total_steps, ranking=ranking, verify_every=verify_every,
+        end_step=end_step, frequency=frequency, total_steps=total_steps, schedule=schedule, ranking=ranking,
+        verify_every=verify_every,
         pack_min_numel=pack_min_numel, pack_max_density=pack_max_density,
         resume_changed_settings=resume_changed_settings,
     )

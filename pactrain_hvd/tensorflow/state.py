@@ -83,7 +83,11 @@ class PacTrainState(HorovodEngine, tf.train.experimental.PythonState):
     ``scale_local_gradients``) and PacTrain's (``sparsity``, ``begin_step``, ``end_step``,
     ``frequency``, ``total_steps``, ``prunable``: a predicate ``(name, variable) -> bool`` or glob patterns,
     ``ranking``, ``pack_min_numel``, ``pack_max_density``, ``verify_every``; as in
-    ``pactrain_hvd.torch.DistributedOptimizer``). ``optimizer``: whose slots (momentum, Adam
+    ``pactrain_hvd.torch.DistributedOptimizer``). ``schedule``: a schedule object in place of ``sparsity`` and
+    the steps (``pt.ConstantSparsity(0.95)``: sparse from the first step; ``pt.PolynomialDecay``;
+    ``pt.short_ramp``); a schedule that prunes at step 0 ranks the masks before step 0's reduction, from
+    the weights every rank holds then, so broadcast the variables before the first step (a difference
+    is caught by the Mask Tracker at step 0). ``optimizer``: whose slots (momentum, Adam
     moments) are zeroed at newly pruned coordinates when masks change. ``masks``: bring your own
     mask, ``{variable name: bool mask}`` or a model wrapped by tfmot's ``prune_low_magnitude``;
     fixed (the schedule is off) unless ``continue_pruning=True`` (see ``core.own_masks``).
@@ -128,6 +132,7 @@ class PacTrainState(HorovodEngine, tf.train.experimental.PythonState):
         end_step: int | None = None,
         frequency: int | None = None,
         total_steps: int | None = None,
+        schedule: Any = None,
         prunable: Prunable = None,
         ranking: str = DEFAULT_RANKING,
         pack_min_numel: int | None = None,

@@ -5,9 +5,12 @@ from horovod.torch.compression import Compression
 from pactrain_hvd.core import (
     ChangedSettingsWarning,
     CheckpointError,
+    ConstantSparsity,
     MaskMismatchError,
     NonFiniteWeightsError,
+    PolynomialDecay,
     SettingsMismatchError,
+    short_ramp,
 )
 from pactrain_hvd.torch import ddp
 from pactrain_hvd.torch.checkpoint import load_checkpoint, save_checkpoint
@@ -21,6 +24,7 @@ from pactrain_hvd.torch.state import PacTrainState
 __all__ = [
     "ChangedSettingsWarning",
     "CheckpointError",
+    "ConstantSparsity",
     "Compression",
     "DistributedOptimizer",
     "MaskMismatchError",
@@ -28,12 +32,14 @@ __all__ = [
     "SettingsMismatchError",
     "PacTrainCompressor",
     "PacTrainState",
+    "PolynomialDecay",
     "PacTrainStateHandler",
     "Pruner",
     "broadcast_masks",
     "broadcast_optimizer_state",
     "ddp",
     "default_prunable",
+    "short_ramp",
     "load_checkpoint",
     "save_checkpoint",
 ]

@@ -93,7 +93,7 @@ class PacTrainHookState:
     """What ``pactrain_hook`` keeps between steps: schedule position, masks, bucket plans, wire accounting.
 
     Takes the PacTrain arguments of ``pt.DistributedOptimizer`` (``sparsity``, ``begin_step``,
-    ``end_step``, ``frequency``, ``total_steps``, ``prunable``, ``ranking``, ``pack_min_numel``, ``pack_max_density``,
+    ``end_step``, ``frequency``, ``total_steps``, ``schedule``, ``prunable``, ``ranking``, ``pack_min_numel``, ``pack_max_density``,
     ``verify_every``) plus ``process_group`` (DDP's; default: the world) and ``packed_values``:
     how surviving values travel (dense buckets travel as DDP hands them): ``"inherit"`` (the bucket's dtype:
     fp32, or fp16 under ``fp16_compress_wrapper``; ``"fp32"`` is its deprecated name), ``"fp16"``, or
@@ -112,6 +112,7 @@ class PacTrainHookState:
         end_step: int | None = None,
         frequency: int | None = None,
         total_steps: int | None = None,
+        schedule: Any = None,
         prunable: Prunable = None,
         ranking: str = DEFAULT_RANKING,
         pack_min_numel: int | None = None,
@@ -123,8 +124,9 @@ class PacTrainHookState:
     ) -> None:
         self.config = PacTrainConfig.from_arguments(
             sparsity=sparsity, begin_step=begin_step, end_step=end_step, frequency=frequency,
-            total_steps=total_steps, ranking=ranking, verify_every=verify_every, pack_min_numel=pack_min_numel,
-            pack_max_density=pack_max_density, resume_changed_settings=resume_changed_settings)
+            total_steps=total_steps, schedule=schedule, ranking=ranking, verify_every=verify_every,
+            pack_min_numel=pack_min_numel, pack_max_density=pack_max_density,
+            resume_changed_settings=resume_changed_settings)
         packed_values = packed_values_argument(packed_values)
         self.packed_values = packed_values
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -155,6 +157,7 @@ class PacTrainHookState:
         # caught there, not a hang.
         self._verify_pending = True
         self._step = 0
+        self._pruned_at: int | None = None  # the step whose masks were ranked before its first bucket
         self._sent: set[int] = set()  # indices of the buckets sent in this backward pass
         self._plans: dict[tuple[int, ...], BucketPlan] = {}  # by the ids of a bucket's parameters: DDP rebuilds buckets
         self._surviving: dict[str, torch.Tensor] = {}  # per parameter, the last plan's: the memory follows it
@@ -215,7 +218,10 @@ class PacTrainHookState:
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._verify_if_due()  # a step with no gradient sent (nothing to reduce) still checks when due
-        if self.config.schedule.is_update_step(self._step):
+        if self._pruned_at == self._step:  # masks ranked before this step's first bucket: weights zeroed now
+            self._pruner.apply_to_weights()
+            self._pruner.mask_gradients()
+        elif self.config.schedule.is_update_step(self._step):
             self._pruner.update(self._step)
             self._pruner.clear_optimizer_state(optimizer.state)
             self._plans.clear()
@@ -237,8 +243,20 @@ class PacTrainHookState:
         if not self._sent or index in self._sent:
             self._sent.clear()
             self._stats.tensors.clear()
+            if (self._step == 0 and self._pruned_at is None and not self._pruner.masks
+                    and self.config.schedule.is_update_step(0)):
+                self._prune_before_reduction()
             self._verify_if_due()
         self._sent.add(index)
+
+    def _prune_before_reduction(self) -> None:
+        """A schedule that prunes at step 0 ranks its masks before the first bucket is sent, from the weights
+        DDP broadcast at its construction; autograd may still read them, so they are zeroed before the update."""
+        self._pruner.update(self._step, zero_weights=False)
+        self._pruner.clear_optimizer_state(self.optimizer.state)
+        self._plans.clear()
+        self._pruned_at = self._step
+        self._verify_pending = False
 
     def _verify_if_due(self) -> None:
         if self._verify_pending:  # with nothing pruned only the settings must agree, not the position

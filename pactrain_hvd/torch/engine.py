@@ -62,8 +62,8 @@ class HorovodEngine:
     # -- what each all-reduce carries: the plan's codec, per tensor ------------------------------
     def _local_grad(self, p: torch.Tensor) -> torch.Tensor:
         """``p``'s dense local gradient, once masks are proven to agree (a Mask Tracker check, when due, is
-        the step's first communication)."""
-        self._pactrain.adopt_and_verify()
+        the step's first communication; a schedule that prunes at step 0 ranks its masks just before it)."""
+        self._pactrain.before_communication()
         if p.grad is None:
             # Another rank may have a gradient for it (dynamic graphs): send zeros, as Horovod does.
             p.grad = torch.zeros_like(p)
@@ -86,6 +86,7 @@ class HorovodEngine:
         return wire, ctx
 
     def _allreduce_grad_async(self, p: torch.Tensor) -> tuple[Any, Any]:
+        self._pactrain.before_communication()  # may rank step 0's masks: the plan is read after it
         compressor = self._pactrain.compressor(p)
         if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense and compressor.mask is None:
             return self._sparse_allreduce_grad_async(p)
@@ -107,7 +108,7 @@ class HorovodEngine:
 
     def _sparse_allreduce_grad_async(self, p: torch.Tensor) -> tuple[Any, None]:
         """An unpruned sparse gradient travels as Horovod sends it: indices and values allgathered."""
-        self._pactrain.adopt_and_verify()
+        self._pactrain.before_communication()
         grad = p.grad
         self._pactrain.record(p, sum(t.numel() * t.element_size() for t in (grad._indices(), grad._values())))
         return sparse_allreduce_async(grad, name=self._names[p], op=self.op, process_set=self.process_set), None
@@ -168,6 +169,7 @@ class HorovodEngine:
         return {p: tuple(group) for group in formed if group for p in group}
 
     def _grouped_allreduce_grad_async(self, group: tuple) -> tuple[Any, Any]:
+        self._pactrain.before_communication()
         wires, ctxs = zip(*[self._compress(p) for p in group])
         handle = grouped_allreduce_async_(list(wires), name=self._names[group[0]], op=self.op, process_set=self.process_set,
                                           **self._scale_factors())
@@ -180,6 +182,7 @@ class HorovodEngine:
         self._delay[p] -= 1
         handle, ctx = None, None
         if self._delay[p] == 0:
+            self._pactrain.before_communication()  # before the plan decides how p travels
             if self._groups is not None and not self._travels_alone(p):
                 group = self._groups[p]
                 self._group_counts[group] += 1

@@ -44,6 +44,11 @@ class DistributedOptimizer(HorovodEngine, torch.optim.Optimizer):
       at the start of those optimizer steps, frozen after ``end_step``).
     - ``total_steps``: the run's optimizer steps; the schedule steps not given follow it (prune
       from 10 % to 60 % of the run in ten updates). Without it: steps 0 to 1000, every 100.
+      ``begin_step=0, end_step=0``: prune once, before step 0's first all-reduce (sparse from the first step).
+    - ``schedule``: a schedule object instead of ``sparsity`` and the four arguments above:
+      ``pt.ConstantSparsity(0.95)`` (sparse from the first step: masks ranked before step 0's first
+      all-reduce, from the weights as broadcast), ``pt.PolynomialDecay(...)`` (gradual, tfmot's), or
+      ``pt.short_ramp(0.95, steps=50)`` (packed from step 0, re-ranked at every step of a short ramp).
     - ``prunable``: predicate ``(name, param) -> bool`` or glob patterns; default: >= 2-D weights.
     - ``ranking``: ``"layer"`` (each tensor to the target), ``"erk"`` (Erdős-Rényi-Kernel shares:
       large tensors pruned more) or ``"global"`` (one magnitude threshold).
@@ -92,6 +97,7 @@ class DistributedOptimizer(HorovodEngine, torch.optim.Optimizer):
         end_step: int | None = None,
         frequency: int | None = None,
         total_steps: int | None = None,
+        schedule: Any = None,
         prunable: Prunable = None,
         ranking: str = DEFAULT_RANKING,
         pack_min_numel: int | None = None,
@@ -117,8 +123,9 @@ class DistributedOptimizer(HorovodEngine, torch.optim.Optimizer):
             backward_passes_per_step=backward_passes_per_step, op=op, gradient_predivide_factor=gradient_predivide_factor,
             groups=groups, packed_values=packed_values, sparsity=sparsity, masks=masks,
             continue_pruning=continue_pruning, begin_step=begin_step, end_step=end_step, frequency=frequency,
-            total_steps=total_steps, ranking=ranking, verify_every=verify_every, pack_min_numel=pack_min_numel,
-            pack_max_density=pack_max_density, resume_changed_settings=resume_changed_settings)
+            total_steps=total_steps, schedule=schedule, ranking=ranking, verify_every=verify_every,
+            pack_min_numel=pack_min_numel, pack_max_density=pack_max_density,
+            resume_changed_settings=resume_changed_settings)
         self._optimizer = optimizer
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op

@@ -87,8 +87,9 @@ class Pruner:
         self.pruned: dict[str, torch.Tensor] = {}  # ~mask, kept so that steps do not allocate it
         self._fingerprints: dict[str, tuple[torch.Tensor, int, tuple[int, int]]] = {}  # mask, its version, hash
 
-    def update(self, step: int, verify: bool = True) -> None:
-        """Recompute masks at the schedule's target for ``step`` and (``verify``) prove them equal across ranks.
+    def update(self, step: int, verify: bool = True, zero_weights: bool = True) -> None:
+        """Recompute masks at the schedule's target for ``step`` and (``verify``) prove them equal across ranks;
+        ``zero_weights`` as in ``install``.
 
         Weights holding NaN or inf raise ``NonFiniteWeightsError`` (with ``verify``: on every rank, whichever
         rank holds them) and change no mask.
@@ -102,7 +103,7 @@ class Pruner:
         new_masks = magnitude_masks(weights, self.schedule.target(step), previous, self.ranking)
         if verify:
             self.verify(step, new_masks)
-        self.install(new_masks)
+        self.install(new_masks, zero_weights)
 
     def validate(self, masks: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Check names, shapes and dtypes of externally supplied masks; nothing is changed."""

@@ -60,6 +60,7 @@ class PacTrainState:
         shared = {**config.shared_settings(), "packed_values": packed_values, **(settings or {})}
         self._pruner = Pruner(parameters, prunable_names, config.schedule, config.ranking, process_set, settings=shared)
         self._step = 0
+        self._pruned_at: int | None = None  # the step whose masks were ranked before its first communication
         # Horovod's rule: a rank communicates if it is in the process set and there is someone to talk to.
         self.communicating = process_set.included() and (hvd.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
         # Masks can differ only where some are pruned; then every rank proves them every ``verify_every`` steps.
@@ -165,6 +166,31 @@ class PacTrainState:
                 compressor.lanes = layout
 
     # -- the Mask Tracker ---------------------------------------------------------------------------
+    def before_communication(self) -> None:
+        """Before each of the step's communications (from the engine): take broadcast state, rank step 0's
+        masks if the schedule prunes there (so step 0's all-reduce is already packed), and run a due check."""
+        self._adopt_exported()
+        if self._first_masks_due():
+            self._prune_before_reduction()
+        self.adopt_and_verify()
+
+    def _first_masks_due(self) -> bool:
+        """Whether the schedule ranks the first masks at step 0 (none held yet: given masks, with their
+        ``torch.nn.utils.prune`` buffers that autograd reads, are updated after the reduction as before)."""
+        return (self._step == 0 and self._pruned_at is None and not self._pruner.masks
+                and self.config.schedule.is_update_step(0))
+
+    def _prune_before_reduction(self) -> None:
+        """The schedule's update, made before the step's first all-reduce, from the weights every rank holds
+        now (after the user's broadcast). Autograd may still read the weights, so they are zeroed in
+        ``before_update``; the new masks are proven equal across ranks before anything is packed with them."""
+        self._pruner.update(self._step, verify=self.communicating, zero_weights=False)
+        self._exported = None
+        self._weights_unmasked = True
+        self._after_mask_change()
+        self._pruned_at = self._step
+        self._verify_pending = False
+
     def adopt_and_verify(self) -> None:
         """Before the step's first communication: take state Horovod broadcast into ``export()``'s
         tensors, then run a Mask Tracker check that every rank has due at this step."""
@@ -188,8 +214,16 @@ class PacTrainState:
         if self._ternary is not None:
             self._ternary.memory.commit()  # this step is taken (a loss scaler that skips it never calls step)
         self.adopt_and_verify()
+        if self._first_masks_due():
+            self._prune_before_reduction()  # nothing was communicated (a single process): the same masks
+        if self._pruned_at == self._step and self._weights_unmasked:  # masks ranked before this step's reduction
+            self._pruner.apply_to_weights()  # autograd is done with the weights: zeroed before the update
+            self._pruner.mask_gradients()
+            self._weights_unmasked = False
         remask = not self._zero_stays_zero or self._weights_unmasked or self.config.verifies_at(self._step)
-        if self.config.schedule.is_update_step(self._step):
+        if self._pruned_at == self._step:
+            pass
+        elif self.config.schedule.is_update_step(self._step):
             self._pruner.update(self._step, verify=self.communicating)
             self._after_mask_change()
             self._pruner.mask_gradients()

@@ -96,9 +96,7 @@ def scenario_pruned(gradient_as_bucket_view: bool, static_graph: bool, unused: b
         inputs, labels = batch(index, channels_last)
         torch.nn.functional.cross_entropy(twin(inputs), labels).backward()
         step(model, opt, index, channels_last)
-        if index == 0:
-            continue  # step 0 prunes after its reduction
-        masks = state.masks()
+        masks = state.masks()  # step 0's: ranked before its first bucket was sent
         for (name, p), q in zip(model.module.named_parameters(), twin.parameters()):
             if q.grad is None:
                 assert unused and name.startswith("unused"), name
@@ -118,6 +116,33 @@ def scenario_pruned(gradient_as_bucket_view: bool, static_graph: bool, unused: b
     unpruned = sum(p.numel() for name, p in model.module.named_parameters() if name not in masks)
     assert stats["sent_bytes"] == 4 * (kept + unpruned), "every bucket holds pruned weights: packed"
     assert stats["dense_bytes"] == 4 * sum(p.numel() for p in model.module.parameters())
+
+
+def scenario_sparse_from_the_first_step():
+    """Step 0's buckets already carry only survivors, from masks every rank proved equal at step 0."""
+    torch.manual_seed(dist.get_rank())  # DDP broadcasts rank 0's weights at construction
+    model = DDP(Net(), bucket_cap_mb=0.02)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    state = pt.ddp.PacTrainHookState(model, opt, schedule=pt.ConstantSparsity(0.9), ranking="layer", pack_min_numel=0)
+    model.register_comm_hook(state, pt.ddp.pactrain_hook)
+    verified, verify = [], state._pruner.verify
+    state._pruner.verify = lambda at, *args, **kwargs: (verified.append(at), verify(at, *args, **kwargs))[1]
+    for index in range(3):
+        step(model, opt, index)
+        masks = state.masks()
+        stats = state.stats()
+        assert stats["step"] == index and stats["tensors"], (index, stats["step"], list(stats["tensors"]))
+        assert all(bucket["packed"] for bucket in stats["tensors"].values()), f"a dense bucket at step {index}"
+        kept = sum(int(mask.sum()) for mask in masks.values())
+        unpruned = sum(p.numel() for name, p in model.module.named_parameters() if name not in masks)
+        assert stats["sent_bytes"] == 4 * (kept + unpruned), index
+    assert verified == [0]
+    assert set(masks) == {"conv.weight", "fc1.weight", "fc2.weight"}
+    same_on_all_ranks({name: mask.to(torch.uint8) for name, mask in masks.items()})
+    for name, mask in masks.items():
+        assert int(mask.sum()) == round(mask.numel() * 0.1), name
+        assert torch.all(dict(model.module.named_parameters())[name][~mask] == 0), name
+    same_on_all_ranks(dict(model.module.named_parameters()))
 
 
 def scenario_masks_that_differ_are_one_error_everywhere():
@@ -276,6 +301,7 @@ SCENARIOS = {
     "mismatch": (scenario_masks_that_differ_are_one_error_everywhere, ()),
     "settings_mismatch": (scenario_settings_that_differ_are_one_error_everywhere, ()),
     "nan_at_mask_update": (scenario_nan_at_a_mask_update_changes_no_mask, ()),
+    "sparse_from_the_first_step": (scenario_sparse_from_the_first_step, ()),
     "resume": (scenario_exact_resume, ()),
 }
 

@@ -73,3 +73,22 @@ def test_a_part_without_fp16_takes_its_target_from_another_parts_fp16():
     own = {"cells": {key: cell({"fp16": run([[40, 4, 0.90, 0]])})}}
     adopt_reference(own, earlier, "earlier/record.json")  # a part with its own fp16 keeps it
     assert "reference" not in own["cells"][key] and summarize(own["cells"][key])["target"] == pytest.approx(0.895)
+
+
+def test_a_budget_stopped_fp16_yields_its_target_to_an_unconstrained_loopback_run_and_is_bounded_below():
+    part = {"cells": {"image/5mbit/2w": dict(cell({
+        "fp16": dict(run([[300, 2, 0.70, 0]], steps=2), step_s=[150.0, 150.0]),
+        "pactrain-0.95-ternary-w0-0": run([[10, 2, 0.84, 0], [20, 4, 0.885, 0]]),
+        "powersgd": run([[20, 2, 0.85, 0], [40, 4, 0.886, 0]])}), workload="image", workers=2, budget_s=250.0,
+                                           bound={"samples_per_s": 100.0, "step_s": 1.0})}}
+    loopback = {"cells": {"image/10mbit/2w": dict(cell({"fp16": run([[4, 2, 0.85, 0], [8, 4, 0.89, 0]])}),
+                                                  workload="image", workers=2, where="loopback, unshaped (asked)")}}
+    adopt_reference(part, loopback, "ref/record.json")
+    summary = summarize(part["cells"]["image/5mbit/2w"])
+    assert summary["target"] == pytest.approx(0.885) and summary["target_source"] == "fp16's final in ref/record.json"
+    fp16 = summary["rows"]["fp16"]
+    assert fp16["time_to_target"] is None and fp16["time_to_target_at_least"] == 4 * 150.0
+    assert summary["verdict"]["speedup_over_best_peer"] == 2.0 and summary["verdict"]["speedup_over_fp16_at_least"] == 30.0
+    text = cell_markdown("image/5mbit/2w", part["cells"]["image/5mbit/2w"], summary)
+    assert "| fp16 | 0.7000 | >= 600 s (stopped; steps to target x step time) |" in text
+    assert "at least 30.00x sooner than fp16 (stopped by the budget)" in text

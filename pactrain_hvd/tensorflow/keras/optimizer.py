@@ -61,6 +61,7 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
     end_step: int | None = None,
     frequency: int | None = None,
     total_steps: int | None = None,
+    schedule: Any = None,
     prunable: Prunable = None,
     ranking: str = DEFAULT_RANKING,
     pack_min_numel: int | None = None,
@@ -76,7 +77,7 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
 
     Takes every argument of Horovod's with the same defaults, plus PacTrain's (see
     ``PacTrainState``): ``sparsity`` (``0`` behaves like Horovod's optimizer), ``begin_step``,
-    ``end_step``, ``frequency``, ``total_steps``, ``prunable``, ``ranking``, ``pack_min_numel``,
+    ``end_step``, ``frequency``, ``total_steps``, ``schedule``, ``prunable``, ``ranking``, ``pack_min_numel``,
     ``pack_max_density``, ``verify_every``, ``masks``, ``continue_pruning`` (bring your own mask:
     a dict, or the model wrapped by tfmot's ``prune_low_magnitude``) and ``packed_values``
     (``"inherit"``, ``"fp16"`` or ``"ternary"``: how packed values travel; ``values`` is its deprecated
@@ -117,7 +118,8 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
         compression=compression, sparse_as_dense=sparse_as_dense, op=op,
         gradient_predivide_factor=gradient_predivide_factor, groups=groups, process_set=process_set,
         device_dense=device_dense, device_sparse=device_sparse, scale_local_gradients=scale_local_gradients,
-        sparsity=sparsity, begin_step=begin_step, end_step=end_step, frequency=frequency, total_steps=total_steps, prunable=prunable,
+        sparsity=sparsity, begin_step=begin_step, end_step=end_step, frequency=frequency, total_steps=total_steps, schedule=schedule,
+        prunable=prunable,
         ranking=ranking, pack_min_numel=pack_min_numel, pack_max_density=pack_max_density, verify_every=verify_every,
         masks=masks, continue_pruning=continue_pruning, resume_changed_settings=resume_changed_settings,
         packed_values=packed_values, values=values,
