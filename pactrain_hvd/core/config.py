@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,12 +15,6 @@ from pactrain_hvd.core.schedule import DEFAULT_SPARSITY, PolynomialSchedule, sch
 # Re-proving masks costs one small allgather plus a hash of the surviving positions; every
 # 100 steps it stays far below 1 % of training time (README, "What packing costs", "Mask Tracker": 0.01 % on ResNet-18).
 DEFAULT_VERIFY_EVERY = 100
-# How packed (surviving) values travel: "inherit" as the gradient has them after ``compression``
-# (DDP: as the bucket has them), or as fp16, or as ternary codes. Dense tensors always travel as
-# ``compression`` says.
-PACKED_VALUES = ("inherit", "fp16", "ternary")
-
-
 REDUCE_OPS = ("Average", "Sum", "Min", "Max")  # what packing supports: each survivor reduced on its own
 _OTHER_REDUCE_OPS = ("Adasum", "Product")
 
@@ -50,41 +43,6 @@ def scale_factors(averaging: bool, gradient_predivide_factor: float) -> dict[str
     if not averaging:
         return {"prescale_factor": 1.0, "postscale_factor": 1.0}
     return {"prescale_factor": 1.0 / gradient_predivide_factor, "postscale_factor": gradient_predivide_factor}
-
-
-def packed_values_argument(packed_values: str, values: str | None = None) -> str:
-    """``packed_values=``, or the deprecated ``values=`` it replaces. Their old ``"fp32"`` never meant
-    fp32 (with ``Compression.fp16`` it sent fp16) but "as ``compression`` says", so it now reads ``"inherit"``."""
-    if values is not None:
-        if packed_values != "inherit":
-            raise ValueError(f"give packed_values= or the deprecated values=, not both (got {packed_values!r} "
-                             f"and {values!r})")
-        warnings.warn("values= is deprecated: use packed_values= (its 'fp32' is now 'inherit')",
-                      DeprecationWarning, stacklevel=3)
-        packed_values = values
-    if packed_values == "fp32":
-        warnings.warn("packed_values='fp32' is deprecated: it is 'inherit' (values travel as compression says)",
-                      DeprecationWarning, stacklevel=3)
-        packed_values = "inherit"
-    if packed_values not in PACKED_VALUES:
-        raise ValueError(f"packed_values must be one of {', '.join(map(repr, PACKED_VALUES))}, got {packed_values!r}")
-    return packed_values
-
-
-def check_packed_values(packed_values: str, op_name: str, grouped: bool) -> None:
-    """``packed_values`` with the reduction it goes with: ternary codes are summed as integers (so Average
-    or Sum only) and each ternary tensor's codes travel on their own, rounded at that tensor's held scale."""
-    if packed_values == "ternary" and op_name not in ("Average", "Sum"):
-        raise ValueError(f"packed_values='ternary' sums integer codes: op must be hvd.Average or hvd.Sum, got {op_name}")
-    if packed_values == "ternary" and grouped:
-        raise ValueError("packed_values='ternary' cannot be combined with groups: each ternary tensor's codes travel "
-                         "on their own, rounded at that tensor's held scale")
-
-
-def packed_encoding(packed_values: str, lanes_fit: bool) -> str:
-    """What ``stats()["values"]`` reports: ternary falls back to fp16 where the process set has too
-    many ranks for ternary lanes (``lanes_fit`` False)."""
-    return "fp16" if packed_values == "ternary" and not lanes_fit else packed_values
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,10 @@ from typing import Any
 import horovod.tensorflow as hvd
 
 from pactrain_hvd.core import PacTrainConfig
-from pactrain_hvd.core.config import check_packed_values, reduce_op_name, require_initialized
+from pactrain_hvd.core.config import reduce_op_name, require_initialized
+from pactrain_hvd.core.encodings import ENCODINGS
 from pactrain_hvd.core.own_masks import schedule_sparsity
+from pactrain_hvd.tensorflow.compression import PACKED_WIRES
 from pactrain_hvd.tensorflow.own_masks import PendingMasks
 from pactrain_hvd.tensorflow.pruning import Prunable
 
@@ -43,10 +45,12 @@ def checked_arguments(*, compression: Any, op: Any, gradient_predivide_factor: f
                         f"got {compression!r}")
     op_name = reduce_op_name(hvd, op, gradient_predivide_factor)
     _validate_groups(groups)
-    check_packed_values(packed_values, op_name, groups is not None)  # already read by packed_values_argument
-    if packed_values == "fp16" and groups is not None:
-        raise ValueError("packed_values='fp16' cannot be combined with groups in the TensorFlow frontend: a pruned "
-                         "tensor's plan, hence its wire dtype, is chosen when the step runs; "
+    encoding = ENCODINGS[packed_values]  # already read by packed_values_argument
+    encoding.check(op_name, groups is not None)
+    encoding.wire_of(PACKED_WIRES, "horovod.tensorflow")
+    if encoding.wire is not None and groups is not None:
+        raise ValueError(f"packed_values={packed_values!r} cannot be combined with groups in the TensorFlow frontend: "
+                         "a pruned tensor's plan, hence its wire dtype, is chosen when the step runs; "
                          "compression=hvd.Compression.fp16 sends every tensor as fp16 and works with groups")
     if not isinstance(process_set, hvd.ProcessSet):
         raise TypeError(f"process_set must be a horovod ProcessSet, got {type(process_set).__name__}")

@@ -43,14 +43,13 @@ from pactrain_hvd.core.agreement import horovod_settings
 from pactrain_hvd.core.config import (
     DEFAULT_RANKING,
     DEFAULT_VERIFY_EVERY,
-    packed_encoding,
-    packed_values_argument,
     reduce_op_name,
 )
+from pactrain_hvd.core.encodings import ENCODINGS, packed_values_argument
 from pactrain_hvd.core.lanes import ternary_layout
 from pactrain_hvd.tensorflow import checkpoint
 from pactrain_hvd.tensorflow.arguments import checked_arguments
-from pactrain_hvd.tensorflow.compression import UNMASKED, PacTrainCompressor
+from pactrain_hvd.tensorflow.compression import PACKED_WIRES, UNMASKED, PacTrainCompressor
 from pactrain_hvd.tensorflow.engine import HorovodEngine
 from pactrain_hvd.tensorflow.own_masks import sync_tfmot_masks
 from pactrain_hvd.tensorflow.pruning import (
@@ -161,11 +160,12 @@ class PacTrainState(HorovodEngine, tf.train.experimental.PythonState):
         self.prunable = prunable
         self.optimizer = optimizer
         self.packed_values = packed_values
-        layout = ternary_layout(process_set.size()) if packed_values == "ternary" else None
+        encoding = ENCODINGS[packed_values]
+        layout = ternary_layout(process_set.size()) if encoding.quantized else None
         # A rank outside the process set never reduces.
         self._ternary = TernaryReduction(process_set) if layout is not None and process_set.included() else None
-        self._encoding = packed_encoding(packed_values, layout is not None)
-        self._packed_compression = Compression.fp16 if packed_values in ("fp16", "ternary") else compression
+        self._encoding = encoding.reported(lanes_fit=layout is not None)
+        self._packed_compression = encoding.wire_of(PACKED_WIRES, "horovod.tensorflow") or compression
 
         self._names: list[str] = []
         self._positions: dict[Any, int] = {}

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 from horovod.tensorflow.compression import Compression, Compressor
 
-from pactrain_hvd.core.config import packed_values_argument
+from pactrain_hvd.core.encodings import packed_values_argument
 from pactrain_hvd.tensorflow.pruning import backing_variable
 from pactrain_hvd.tensorflow.state import PacTrainState, state_arguments
 

@@ -9,8 +9,10 @@ import horovod.torch as hvd
 import torch
 
 from pactrain_hvd.core import PacTrainConfig
-from pactrain_hvd.core.config import check_packed_values, reduce_op_name, require_initialized
+from pactrain_hvd.core.config import reduce_op_name, require_initialized
+from pactrain_hvd.core.encodings import ENCODINGS
 from pactrain_hvd.core.own_masks import schedule_sparsity
+from pactrain_hvd.torch.compression import PACKED_WIRES
 
 # Horovod's torch all-reduce carries fp16/fp32/fp64 gradients (bf16 travels as fp32, see compression.py);
 # complex gradients it rejects mid-step ("Tensor type torch.ComplexFloatTensor is not supported").
@@ -47,7 +49,7 @@ def checked_parameters(optimizer: torch.optim.Optimizer, named: Iterable | None)
 def checked_arguments(*, backward_passes_per_step: Any, op: Any, gradient_predivide_factor: float, groups: Any,
                       packed_values: str, sparsity: float, masks: Any, continue_pruning: bool,
                       **schedule_and_plan: Any) -> PacTrainConfig:
-    """The PacTrain config; ``packed_values`` as ``core.config.packed_values_argument`` read it."""
+    """The PacTrain config; ``packed_values`` as ``core.encodings.packed_values_argument`` read it."""
     config = PacTrainConfig.from_arguments(sparsity=schedule_sparsity(sparsity, masks is not None, continue_pruning),
                                            **schedule_and_plan)
     if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) or backward_passes_per_step <= 0:
@@ -55,6 +57,7 @@ def checked_arguments(*, backward_passes_per_step: Any, op: Any, gradient_prediv
     op_name = reduce_op_name(hvd, op, gradient_predivide_factor)
     if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
         raise ValueError("groups should be a positive integer or a list of lists of torch.Tensor")
-    check_packed_values(packed_values, op_name, groups is not None)
+    ENCODINGS[packed_values].check(op_name, groups is not None)
+    ENCODINGS[packed_values].wire_of(PACKED_WIRES, "horovod.torch")
     require_initialized(hvd, "pactrain_hvd.torch.DistributedOptimizer")
     return config

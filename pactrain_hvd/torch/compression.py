@@ -13,6 +13,9 @@ from pactrain_hvd.torch.lanes import dequantize, encode
 # Horovod's torch all-reduce carries int32/int64/fp16/fp32/fp64, not bf16: bf16 gradients
 # travel as fp32 (or fp16 when stacked with Compression.fp16) and come back as bf16.
 _WIRE_DTYPE = {torch.bfloat16: torch.float32}
+# What Horovod's torch all-reduce carries for packed values, by the encoding's wire dtype (None: as
+# ``compression`` leaves them). It has no bfloat16 (0.28: float16, float32, float64 and integers).
+PACKED_WIRES: dict[str | None, type[Compressor] | None] = {None: None, "float16": Compression.fp16}
 
 
 def fills_storage(tensor: torch.Tensor) -> bool:

@@ -34,7 +34,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from pactrain_hvd.core import CheckpointError, PacTrainConfig, StepStats, TensorStats, should_pack
-from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY, packed_values_argument
+from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY
+from pactrain_hvd.core.encodings import ENCODINGS, packed_values_argument
 from pactrain_hvd.core.lanes import LaneLayout, ternary_layout
 from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
 from pactrain_hvd.torch.checkpoint import saved_step_and_masks
@@ -142,8 +143,10 @@ class PacTrainHookState:
         self.process_group = process_group
         self.optimizer = optimizer
         world_size = dist.get_world_size(process_group)
-        self.lanes: LaneLayout | None = ternary_layout(world_size) if packed_values == "ternary" else None
-        self.packed_dtype = None if packed_values == "inherit" else torch.float16  # None: the bucket's; fp16: ternary's fallback
+        encoding = ENCODINGS[packed_values]
+        self.lanes: LaneLayout | None = ternary_layout(world_size) if encoding.quantized else None
+        # None: the bucket's dtype; a quantized encoding's where lanes do not pay. Gloo and NCCL carry bfloat16.
+        self.packed_dtype = None if encoding.wire is None else getattr(torch, encoding.wire)
         # Per parameter, not per bucket: DDP rebuilds its buckets after the first iteration (and a resumed
         # run starts from the first buckets again), so only per-parameter memory and noise resume exactly.
         self.memory = ErrorFeedback()

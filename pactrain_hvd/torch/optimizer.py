@@ -19,7 +19,8 @@ from horovod.torch.compression import Compression, Compressor
 
 from pactrain_hvd.core import PacTrainConfig
 from pactrain_hvd.core.agreement import horovod_settings
-from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY, packed_values_argument, reduce_op_name
+from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY, reduce_op_name
+from pactrain_hvd.core.encodings import packed_values_argument
 from pactrain_hvd.torch import checkpoint
 from pactrain_hvd.torch.arguments import checked_arguments, checked_parameters
 from pactrain_hvd.torch.engine import HorovodEngine

@@ -18,9 +18,9 @@ import torch
 from horovod.torch.compression import Compression, Compressor
 
 from pactrain_hvd.core import PacTrainConfig, StepStats, TensorStats, should_pack
-from pactrain_hvd.core.config import packed_encoding
+from pactrain_hvd.core.encodings import ENCODINGS
 from pactrain_hvd.core.lanes import ternary_layout
-from pactrain_hvd.torch.compression import PacTrainCompressor
+from pactrain_hvd.torch.compression import PACKED_WIRES, PacTrainCompressor
 from pactrain_hvd.torch.own_masks import resolve_masks, sync_prune_buffers, warn_if_torch_pruned
 from pactrain_hvd.torch.pruning import Prunable, Pruner, host_masks, select_prunable, zero_stays_zero
 from pactrain_hvd.torch.ternary import TernaryReduction
@@ -73,10 +73,11 @@ class PacTrainState:
         self._zero_stays_zero = zero_stays_zero(optimizer)
         self._weights_unmasked = False  # masks changed without zeroing the weights (adopted mid-backward)
         self._stats = StepStats()
-        layout = ternary_layout(process_set.size()) if packed_values == "ternary" else None
+        encoding = ENCODINGS[packed_values]
+        layout = ternary_layout(process_set.size()) if encoding.quantized else None
         self._ternary = TernaryReduction(layout, process_set) if layout is not None else None
         self._compression = compression
-        self._packed_compression = Compression.fp16 if packed_values in ("fp16", "ternary") else compression
+        self._packed_compression = encoding.wire_of(PACKED_WIRES, "horovod.torch") or compression
         self._compressors: dict[torch.Tensor, PacTrainCompressor] = {}
         self.rebuild_plan()
         if own_masks:
@@ -98,7 +99,7 @@ class PacTrainState:
         ``values`` says how packed values travelled: ``"ternary"``, or ``"fp16"`` when ternary fell
         back (too many ranks for 3 lanes per word), else as the ``packed_values`` argument.
         """
-        encoding = packed_encoding(self.packed_values, self._ternary is not None)
+        encoding = ENCODINGS[self.packed_values].reported(lanes_fit=self._ternary is not None)
         return dict(self._stats.as_dict(), sparsity=self._pruner.sparsity(), values=encoding)
 
     def set_masks(self, masks: dict[str, Any]) -> None:

@@ -214,9 +214,9 @@ def scenario_exact_resume():
     assert_resume_is_exact(make)
 
 
-def fp16_run(hook, **state_kwargs):
+def fp16_run(hook, rtol=2e-3, **state_kwargs):
     """Two SGD steps under ``hook``; each reduced gradient checked against the fp32 reference's, masked and
-    averaged, to fp16 precision. The hook state, for its bytes."""
+    averaged, to ``rtol`` (fp16 precision by default). The hook state, for its bytes."""
     torch.manual_seed(0)
     model = DDP(Net(), bucket_cap_mb=0.02)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -232,14 +232,15 @@ def fp16_run(hook, **state_kwargs):
         assert p.grad.dtype == torch.float32
         reference = (q.grad * masks[name] if name in masks else q.grad) / WORLD
         dist.all_reduce(reference)
-        torch.testing.assert_close(p.grad, reference, rtol=2e-3, atol=1e-5, msg=f"gradient of {name}")
+        torch.testing.assert_close(p.grad, reference, rtol=rtol, atol=1e-5, msg=f"gradient of {name}")
     same_on_all_ranks(dict(model.module.named_parameters()))
     return state, model
 
 
-def scenario_fp16_values():
-    """``packed_values="fp16"``: survivors travel as fp16 (half the bytes), averaged like the fp32 reference."""
-    state, model = fp16_run(pt.ddp.pactrain_hook, pack_min_numel=0, packed_values="fp16")
+def scenario_half_precision_values(packed_values: str, rtol: float):
+    """``packed_values="fp16"`` or ``"bf16"``: survivors travel in 16 bits (half the bytes), averaged like the fp32
+    reference to that precision."""
+    state, model = fp16_run(pt.ddp.pactrain_hook, rtol, pack_min_numel=0, packed_values=packed_values)
     kept = sum(int(mask.sum()) for mask in state.masks().values())
     unpruned = sum(p.numel() for name, p in model.module.named_parameters() if name not in state.masks())
     assert state.stats()["sent_bytes"] == 2 * (kept + unpruned)
@@ -290,7 +291,8 @@ def scenario_ternary_values_and_their_exact_resume():
 
 SCENARIOS = {
     "ternary_values": (scenario_ternary_values_and_their_exact_resume, ()),
-    "fp16_values": (scenario_fp16_values, ()),
+    "fp16_values": (scenario_half_precision_values, ("fp16", 2e-3)),
+    "bf16_values": (scenario_half_precision_values, ("bf16", 1.6e-2)),
     "fp16_wrapper": (scenario_fp16_wrapper_sends_dense_buckets_in_fp16, ()),
     "sparsity_zero": (scenario_sparsity_zero_is_ddps_allreduce, ()),
     "pruned_bucket_view": (scenario_pruned, (True, False, False)),

@@ -157,7 +157,7 @@ def test_keras_fit_with_ternary_values_learns_and_keeps_ranks_identical():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(packed_values="int8"), "packed_values must be one of 'inherit', 'fp16', 'ternary', got 'int8'"),
+    (dict(packed_values="int8"), "packed_values must be one of 'inherit', 'fp16', 'bf16', 'ternary', got 'int8'"),
     (dict(packed_values="ternary", op=hvd.Max), "packed_values='ternary' sums integer codes: op must be hvd.Average or hvd.Sum, "
                                          "got Max"),
     (dict(packed_values="ternary", groups=2), "packed_values='ternary' cannot be combined with groups"),
