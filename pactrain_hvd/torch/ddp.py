@@ -97,8 +97,8 @@ class PacTrainHookState:
     ``end_step``, ``frequency``, ``total_steps``, ``schedule``, ``prunable``, ``ranking``, ``pack_min_numel``, ``pack_max_density``,
     ``verify_every``) plus ``process_group`` (DDP's; default: the world) and ``packed_values``:
     how surviving values travel (dense buckets travel as DDP hands them): ``"inherit"`` (the bucket's dtype:
-    fp32, or fp16 under ``fp16_compress_wrapper``; ``"fp32"`` is its deprecated name), ``"fp16"``, or
-    ``"ternary"``, the Horovod frontend's shared-scale stochastic ternary with error feedback in int32
+    fp32, or fp16 under ``fp16_compress_wrapper``; ``"fp32"`` is its deprecated name), ``"fp16"``, ``"bf16"``
+    (Gloo and NCCL carry bfloat16; Horovod's all-reduce does not), or ``"ternary"``, the Horovod frontend's shared-scale stochastic ternary with error feedback in int32
     lanes (one MAX all-reduce of the bucket's scale, then the codes; fp16 where lanes do not pay).
     ``resume_changed_settings`` as in ``pt.DistributedOptimizer``. Every rank must pass the same settings:
     the first step proves it (``SettingsMismatchError`` on every rank instead of a hang).

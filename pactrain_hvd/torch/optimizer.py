@@ -61,7 +61,9 @@ class DistributedOptimizer(HorovodEngine, torch.optim.Optimizer):
       makes them fp16); ``"fp16"``: fp16; ``"ternary"``: shared-scale stochastic ternary with
       error feedback, lane-packed into int32 words (``pactrain_hvd.core.lanes``), fp16 when the
       world is too large for 3 lanes per word (> 256 ranks). Ternary needs ``op`` Average or Sum.
-      ``values=`` is its old, deprecated name (``"fp32"`` there is ``"inherit"``).
+      ``values=`` is its old, deprecated name (``"fp32"`` there is ``"inherit"``). The encodings are
+      ``pactrain_hvd.core.encodings.ENCODINGS``; ``"bf16"`` is refused here (Horovod's all-reduce
+      carries no bfloat16) and works with the DDP comm hook.
     - ``masks``: bring your own mask: ``{name: bool mask}``, or the model pruned with
       ``torch.nn.utils.prune`` (its ``<name>_mask`` buffers become the masks of ``<name>_orig``).
       Fixed: the schedule is off unless ``continue_pruning=True`` (see ``core.own_masks``).
