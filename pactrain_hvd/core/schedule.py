@@ -154,6 +154,7 @@ DEFAULT_SPARSITY = 0.9  # the frontends' ``sparsity`` default
 
 
 def _fraction(name: str, value: object) -> float:
+    value = plain_number(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number in [0, 1), got {value!r}")
     if not 0.0 <= value < 1.0:
