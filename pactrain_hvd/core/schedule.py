@@ -103,8 +103,9 @@ class ConstantSparsity:
     def polynomial(self) -> PolynomialSchedule:
         """The same schedule as a ``PolynomialSchedule`` (initial and final sparsity equal)."""
         end = self.begin_step if self.end_step is None else self.end_step
-        return PolynomialSchedule(final_sparsity=_fraction("sparsity", self.sparsity), begin_step=self.begin_step,
-                                  end_step=end, frequency=self.frequency, initial_sparsity=float(self.sparsity))
+        sparsity = _fraction("sparsity", self.sparsity)
+        return PolynomialSchedule(final_sparsity=sparsity, begin_step=self.begin_step, end_step=end,
+                                  frequency=self.frequency, initial_sparsity=sparsity)
 
 
 @dataclass(frozen=True)
