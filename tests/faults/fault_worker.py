@@ -1,16 +1,19 @@
 """One rank of a fault case (``test_faults.py``): a mistake on one rank, or on all, made on purpose.
 
 Every rank prints ``FAULT rank=<r> <ErrorType>: <message>`` for the error it ends with (exit 3), or
-``DONE rank=<r> ...`` if training ended normally (exit 0).
+``DONE rank=<r> ...`` if training ended normally (exit 0), then ``SECONDS rank=<r> <s>``: from Horovod's
+start to that end (interpreter and framework start-up excluded, which a loaded machine stretches).
 """
 
 import argparse
 import os
 import sys
+import time
 
 import numpy as np
 
 STEPS = 12
+STARTED: list[float] = []  # when Horovod was up
 CASES = ("frequency", "total_steps", "sparsity_off", "nan", "nan_one_rank", "no_broadcast", "exception", "kill")
 
 
@@ -45,6 +48,7 @@ def run_torch(case: str, plain: bool) -> str:
     import pactrain_hvd.torch as pt
 
     hvd.init()
+    STARTED.append(time.monotonic())
     rank = hvd.rank()
     torch.manual_seed(rank if case == "no_broadcast" else 0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
@@ -86,6 +90,7 @@ def run_tensorflow(case: str) -> str:
     from pactrain_hvd.tensorflow.pruning import backing_variable
 
     hvd.init()
+    STARTED.append(time.monotonic())
     rank = hvd.rank()
     tf.random.set_seed(rank if case == "no_broadcast" else 0)
     model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(256, activation="relu"),
@@ -123,8 +128,10 @@ def main() -> None:
             result = run_torch(args.case, plain=args.frontend == "horovod")
     except Exception as error:  # noqa: BLE001 - what each rank ends with is the point
         print(f"FAULT rank={rank} {type(error).__name__}: {error}".replace("\n", " "), flush=True)
+        print(f"SECONDS rank={rank} {time.monotonic() - STARTED[0]:.1f}" if STARTED else "", flush=True)
         sys.exit(3)
     print(f"DONE rank={rank} {result}", flush=True)
+    print(f"SECONDS rank={rank} {time.monotonic() - STARTED[0]:.1f}", flush=True)
 
 
 if __name__ == "__main__":
