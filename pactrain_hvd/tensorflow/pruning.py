@@ -154,8 +154,9 @@ class Pruner:
         self.process_set = process_set
         self.masks: dict[str, np.ndarray] = {}
 
-    def compute(self, step: int) -> dict[str, np.ndarray]:
-        """Masks at the schedule's target for ``step``, from the current weights; verified across ranks.
+    def rank(self, step: int) -> dict[str, np.ndarray]:
+        """Masks at the schedule's target for ``step``, ranked on the current weights and proven equal across
+        ranks (where ranks communicate); nothing is installed (the state installs them with its plan).
 
         Weights holding NaN or inf raise ``NonFiniteWeightsError`` (on every rank, whichever rank holds them).
         """

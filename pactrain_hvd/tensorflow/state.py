@@ -347,7 +347,7 @@ class PacTrainState(HorovodEngine, tf.train.experimental.PythonState):
             if self.optimizer is None and not self._pruner.masks:
                 warnings.warn("PacTrainState has no optimizer: its slots (momentum, Adam moments) will not be "
                               "cleared at pruned coordinates. Pass optimizer=...", stacklevel=3)
-            self._install(self._pruner.compute(step), zero_now)
+            self._install(self._pruner.rank(step), zero_now)
         elif int(self._next_due.numpy()) == _DUE_NOW or cfg.verifies_at(step):
             self._pruner.verify(step)
         self._next_due.assign(self._next_maintenance_after(step))

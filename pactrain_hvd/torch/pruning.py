@@ -88,11 +88,15 @@ class Pruner:
         self._fingerprints: dict[str, tuple[torch.Tensor, int, tuple[int, int]]] = {}  # mask, its version, hash
 
     def update(self, step: int, verify: bool = True, zero_weights: bool = True) -> None:
-        """Recompute masks at the schedule's target for ``step`` and (``verify``) prove them equal across ranks;
-        ``zero_weights`` as in ``install``.
+        """``rank`` then ``install``: new masks for ``step``, in place (``zero_weights`` as in ``install``)."""
+        self.install(self.rank(step, verify), zero_weights)
+
+    def rank(self, step: int, verify: bool = True) -> dict[str, np.ndarray]:
+        """Masks at the schedule's target for ``step``, ranked on the current weights and (``verify``) proven
+        equal across ranks; nothing is installed.
 
         Weights holding NaN or inf raise ``NonFiniteWeightsError`` (with ``verify``: on every rank, whichever
-        rank holds them) and change no mask.
+        rank holds them).
         """
         # float32 on the host: numpy has no bfloat16, and magnitudes rank the same in float32.
         weights = {name: self.parameters[name].detach().float().cpu().numpy() for name in self.prunable_names}
@@ -103,7 +107,7 @@ class Pruner:
         new_masks = magnitude_masks(weights, self.schedule.target(step), previous, self.ranking)
         if verify:
             self.verify(step, new_masks)
-        self.install(new_masks, zero_weights)
+        return new_masks
 
     def validate(self, masks: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Check names, shapes and dtypes of externally supplied masks; nothing is changed."""
