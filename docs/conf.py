@@ -37,7 +37,7 @@ napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
-autodoc_default_options = {"members": True, "show-inheritance": False}
+autodoc_default_options = {"members": True}
 
 try:  # furo from PyPI (the dev extras); Sphinx's own alabaster where it is missing
     import furo  # noqa: F401
