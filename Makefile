@@ -9,7 +9,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 # and keeps errors. scripts/test.sh and scripts/accuracy.py use 3 for PyTorch runs under horovodrun.
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install demo test test-compat lint accuracy bench tta clean docker docker-test
+.PHONY: install demo test test-compat lint docs accuracy bench tta clean docker docker-test
 
 $(STAMP): scripts/install.sh setup.py
 	bash scripts/install.sh
@@ -54,5 +54,9 @@ docker-test: docker
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# The documentation site (Sphinx, MyST Markdown pages, autodoc API reference) into docs/_build/html; warnings are errors.
+docs: $(STAMP)
+	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html
+
 clean:
-	rm -rf build *.egg-info .pytest_cache .ruff_cache
+	rm -rf build *.egg-info .pytest_cache .ruff_cache docs/_build

