@@ -4,7 +4,7 @@
     python -m benchmarks                              # the full matrix (long)
     python -m benchmarks --models vgg16 --bandwidths 100mbit --methods dense,pactrain-0.9-fp16
     python -m benchmarks --report-only bench/results/<timestamp>.json
-    python -m benchmarks tta --quick                  # time to accuracy (bench/tta.py)
+    python -m benchmarks tta --quick                  # time to accuracy (benchmarks/tta/tta.py)
 
 Every rank gets its own namespace and emulated NIC (veth into a bridge namespace, tbf rate
 limit both ways); Horovod's Gloo rendezvous runs in the bridge namespace. Writes
