@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.pactrain-installed
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 # TensorFlow's C++ log: 2 drops its INFO/WARNING start-up lines (oneDNN, CUDA, CPU features, TensorRT)
-# and keeps errors. scripts/test.sh and scripts/accuracy.py use 3 for PyTorch runs under horovodrun.
+# and keeps errors. scripts/test.sh and benchmarks/accuracy use 3 for PyTorch runs under horovodrun.
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 .PHONY: install demo test test-compat lint docs accuracy bench tta clean docker docker-test
@@ -19,7 +19,7 @@ install:
 
 # Dense Horovod, then PacTrain, on an emulated 100 Mbit/s link per worker (root), else loopback.
 demo: $(STAMP)
-	$(PY) -m pactrain_hvd.bench.demo $(DEMO_ARGS)
+	$(PY) -m benchmarks.demo.demo $(DEMO_ARGS)
 
 test: $(STAMP)
 	bash scripts/test.sh
@@ -31,15 +31,15 @@ test-compat:
 	VENV=$(COMPAT_VENV) TEST_SUITES="unit torch tensorflow" bash scripts/test.sh
 
 accuracy: $(STAMP)
-	$(PY) scripts/accuracy.py
+	$(PY) -m benchmarks.accuracy.accuracy
 
 # Time to accuracy on emulated links (root): every method trains the image workload; TTA_ARGS=--quick for a sanity run.
 tta: $(STAMP)
-	$(PY) -m pactrain_hvd.bench tta $(TTA_ARGS)
+	$(PY) -m benchmarks tta $(TTA_ARGS)
 
 # The benchmark on emulated links (root: network namespaces, tc); BENCH_ARGS=--quick for a short run.
 bench: $(STAMP)
-	$(PY) -m pactrain_hvd.bench $(BENCH_ARGS)
+	$(PY) -m benchmarks $(BENCH_ARGS)
 
 # The CPU image with podman (root): a Debian base made with debootstrap unless BASE_IMAGE names one,
 # the host's pip configuration handed to the build read-only. FLAVOR=gpu builds docker/gpu. docker/README.md.

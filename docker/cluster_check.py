@@ -29,6 +29,7 @@ import hashlib
 import json
 import socket
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,7 +40,9 @@ import torch
 from torch import nn
 
 import pactrain_hvd.torch as pt
-from pactrain_hvd.example_support.data import load_fashion_mnist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # the examples' shared helpers
+from example_support.data import load_fashion_mnist  # noqa: E402
 
 SYS_CLASS_NET = Path("/sys/class/net")
 

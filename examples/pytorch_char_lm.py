@@ -27,16 +27,16 @@ import torch.nn.functional as F
 from torch import nn
 
 import pactrain_hvd.torch as pt
-from pactrain_hvd.example_support.cli import add_pactrain_arguments, schedule_arguments
-from pactrain_hvd.example_support.data import (
+from example_support.cli import add_pactrain_arguments, schedule_arguments
+from example_support.data import (
     CharVocab,
     load_bible_text,
     random_windows,
     sequential_windows,
     split_tokens,
 )
-from pactrain_hvd.example_support.progress import Progress
-from pactrain_hvd.example_support.torch_reporting import WireTally, global_sum, log_step, tensorboard_writer
+from example_support.progress import Progress
+from example_support.torch_reporting import WireTally, global_sum, log_step, tensorboard_writer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

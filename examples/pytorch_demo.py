@@ -2,7 +2,7 @@
 
 A plain Horovod training script; the only PacTrain line is the optimizer. Rank 0 prints the
 test accuracy every ``--eval-every`` steps and, with ``--result-json``, writes the curve and the
-throughput. ``make demo`` (``python -m pactrain_hvd.bench.demo``) runs it both ways, side by
+throughput. ``make demo`` (``python -m benchmarks.demo.demo``) runs it both ways, side by
 side, on an emulated 100 Mbit/s link per worker; by hand:
 
     horovodrun -np 2 -H localhost:2 --gloo python examples/pytorch_demo.py [--dense]
@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 import pactrain_hvd.torch as pt
-from pactrain_hvd.example_support.data import load_fashion_mnist
-from pactrain_hvd.example_support.progress import Progress
+from example_support.data import load_fashion_mnist
+from example_support.progress import Progress
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--dense", action="store_true", help="plain hvd.DistributedOptimizer, the baseline")

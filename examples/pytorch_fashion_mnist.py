@@ -25,11 +25,11 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 import pactrain_hvd.torch as pt
+from example_support.cli import add_pactrain_arguments, schedule_arguments
+from example_support.data import load_fashion_mnist
+from example_support.progress import Progress
+from example_support.torch_reporting import WireTally, global_sum, log_step, tensorboard_writer
 from pactrain_hvd.core import rewound_cosine
-from pactrain_hvd.example_support.cli import add_pactrain_arguments, schedule_arguments
-from pactrain_hvd.example_support.data import load_fashion_mnist
-from pactrain_hvd.example_support.progress import Progress
-from pactrain_hvd.example_support.torch_reporting import WireTally, global_sum, log_step, tensorboard_writer
 
 # Training-set statistics of Fashion-MNIST pixels scaled to [0, 1].
 PIXEL_MEAN, PIXEL_STD = 0.2860, 0.3530

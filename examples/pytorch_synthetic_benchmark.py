@@ -25,9 +25,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import pactrain_hvd.torch as pt
+from example_support.progress import Progress
+from example_support.torch_reporting import log_wire, tensorboard_writer
 from pactrain_hvd.core import ring_allreduce_bytes
-from pactrain_hvd.example_support.progress import Progress
-from pactrain_hvd.example_support.torch_reporting import log_wire, tensorboard_writer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

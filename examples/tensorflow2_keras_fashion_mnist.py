@@ -21,8 +21,8 @@ import horovod.tensorflow.keras as hvd  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import pactrain_hvd.tensorflow.keras as ptk  # noqa: E402
-from pactrain_hvd.example_support.data import load_fashion_mnist  # noqa: E402
-from pactrain_hvd.example_support.progress import Progress  # noqa: E402
+from example_support.data import load_fashion_mnist  # noqa: E402
+from example_support.progress import Progress  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -58,7 +58,7 @@ class WireScalars(tf.keras.callbacks.Callback):
 
 
 class RankZeroProgress(tf.keras.callbacks.Callback):
-    """Rank 0's progress (``pactrain_hvd.example_support.progress``), then one line per epoch of the averaged metrics.
+    """Rank 0's progress (``example_support.progress``), then one line per epoch of the averaged metrics.
 
     Instead of Keras's own bar (``verbose=1``), whose carriage-return redraws come out of
     ``horovodrun`` as fragments. Place it after ``MetricAverageCallback``.

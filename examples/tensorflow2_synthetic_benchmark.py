@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import pactrain_hvd.tensorflow as pt  # noqa: E402
-from pactrain_hvd.example_support.progress import Progress  # noqa: E402
+from example_support.progress import Progress  # noqa: E402
 from pactrain_hvd.tensorflow.pruning import backing_variable  # noqa: E402
 
 parser = argparse.ArgumentParser(description="TensorFlow Synthetic Benchmark with PacTrain",

@@ -25,14 +25,14 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import pactrain_hvd.tensorflow as pt  # noqa: E402
-from pactrain_hvd.example_support.data import (  # noqa: E402
+from example_support.data import (  # noqa: E402
     CharVocab,
     load_bible_text,
     random_windows,
     sequential_windows,
     split_tokens,
 )
-from pactrain_hvd.example_support.progress import Progress  # noqa: E402
+from example_support.progress import Progress  # noqa: E402
 from pactrain_hvd.tensorflow.pruning import backing_variable  # noqa: E402
 
 keras = tf.keras

@@ -29,7 +29,7 @@ NETWORK="$PREFIX"
 HOSTS=(c1 c2)
 LAUNCHER="$PREFIX-c1"
 WORKDIR=/opt/pactrain_hvd
-# tbf as pactrain_hvd/bench/links.py shapes its links: 2 ms of traffic per bucket (at least 32 KiB), 50 ms queue.
+# tbf as benchmarks/links/links.py shapes its links: 2 ms of traffic per bucket (at least 32 KiB), 50 ms queue.
 TBF=(burst 32kb latency 50ms)
 
 [ "$(id -u)" -eq 0 ] || die "needs root (podman networks, tc in the containers' namespaces)"

@@ -1,4 +1,4 @@
-"""The benchmark harness end to end: ``python -m pactrain_hvd.bench --quick`` in a subprocess.
+"""The benchmark harness end to end: ``python -m benchmarks --quick`` in a subprocess.
 
 Needs root and network namespaces (``ip netns add``); skipped otherwise, with the reason.
 Proves that every cell runs over the emulated NICs, that the figures are consistent, and that
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pactrain_hvd.bench.links import namespaces_unavailable
+from benchmarks.links.links import namespaces_unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ def leftovers(pid: int) -> list[str]:
 
 
 def start_harness(out: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pactrain_hvd.bench", "--quick", "--out", str(out), *args],
+    return subprocess.Popen([sys.executable, "-m", "benchmarks", "--quick", "--out", str(out), *args],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -80,8 +80,8 @@ def test_quick_run(tmp_path):
 def test_quick_ddp_cells(tmp_path):
     """DDP's default all-reduce, torch's PowerSGD hook and PacTrain's hook in the same harness: the bytes each
     hands ``all_reduce`` are on the NIC, and PacTrain's hook packs per bucket."""
-    from pactrain_hvd.bench.ddp_methods import powersgd_bytes
-    from pactrain_hvd.bench.models import build
+    from benchmarks.common.ddp_methods import powersgd_bytes
+    from benchmarks.common.models import build
 
     methods = ("ddp", "ddp-powersgd", "ddp-pactrain-0.9-fp16")
     harness = start_harness(tmp_path, "--methods", ",".join(methods))

@@ -1,4 +1,4 @@
-"""Time to accuracy end to end: ``python -m pactrain_hvd.bench tta --quick`` in a subprocess.
+"""Time to accuracy end to end: ``python -m benchmarks tta --quick`` in a subprocess.
 
 Real training of the image workload (FashionVGG, 4.3 M parameters) for a few steps per method,
 each worker behind its emulated 100 Mbit/s NIC, PacTrain on Horovod and on torch DDP. Asserts bytes
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pactrain_hvd.bench.links import namespaces_unavailable
+from benchmarks.links.links import namespaces_unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 GRADIENT_MB = 4_337_322 * 4 / 1e6  # FashionVGG's fp32 gradient
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(bool(namespaces_unavailable()), reason=namespace
 
 def test_quick_time_to_accuracy(tmp_path):
     record_path = tmp_path / "record.json"
-    run = subprocess.run([sys.executable, "-m", "pactrain_hvd.bench", "tta", "--quick", "--record", str(record_path)],
+    run = subprocess.run([sys.executable, "-m", "benchmarks", "tta", "--quick", "--record", str(record_path)],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     cell = json.loads(record_path.read_text())["cells"]["image/100mbit/2w"]

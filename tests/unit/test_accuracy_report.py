@@ -1,15 +1,10 @@
-"""The accuracy report's plan and table (scripts/accuracy.py), on made-up run results."""
+"""The accuracy report's plan and table (benchmarks/accuracy/accuracy.py), on made-up run results."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "accuracy.py"
-spec = importlib.util.spec_from_file_location("accuracy", SCRIPT)
-accuracy = sys.modules.setdefault("accuracy", importlib.util.module_from_spec(spec))
-spec.loader.exec_module(accuracy)
+from benchmarks.accuracy import accuracy
 
 
 def test_plan_runs_dense_once_per_seed_and_every_variant_per_seed():

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pactrain_hvd.bench.baselines import PowerSGDCompressor, ResidualMemory, TopKCompressor
+from benchmarks.baselines.baselines import PowerSGDCompressor, ResidualMemory, TopKCompressor
 
 
 def _topk_set(flat: torch.Tensor, k: int) -> set[int]:

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from pactrain_hvd.bench.demo import DemoRun, aligned_table, plot_curves, results_table, write_outputs
-from pactrain_hvd.bench.harness import BenchConfig, in_namespace, job_count
-from pactrain_hvd.bench.links import LinkSpec, Loopback
+from benchmarks.demo.demo import DemoRun, aligned_table, plot_curves, results_table, write_outputs
+from benchmarks.links.links import LinkSpec, Loopback
+from benchmarks.runner.harness import BenchConfig, in_namespace, job_count
 
 
 def made_up(title, samples_per_s, accuracy, sent, nic=None, wall=60.0):

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from pactrain_hvd.bench.links import LinkSpec, Topology, parse_link, shaping_commands, stale_namespaces, tbf_burst_bytes
+from benchmarks.links.links import LinkSpec, Topology, parse_link, shaping_commands, stale_namespaces, tbf_burst_bytes
 
 
 @pytest.mark.parametrize("text, rate, label", [

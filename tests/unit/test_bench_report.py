@@ -2,10 +2,10 @@
 
 import pytest
 
-from pactrain_hvd.bench.harness import summarize_cell
-from pactrain_hvd.bench.methods import parse_method
-from pactrain_hvd.bench.report import evaluate_targets, markdown, minimum_payload_bytes
-from pactrain_hvd.bench.timing import PhaseClock, StepTimes, instrument
+from benchmarks.common.methods import parse_method
+from benchmarks.common.timing import PhaseClock, StepTimes, instrument
+from benchmarks.runner.harness import summarize_cell
+from benchmarks.throughput.report import evaluate_targets, markdown, minimum_payload_bytes
 
 
 def rank_record(rank, totals, tx_bytes, payload, batch=8, control=1000.0):

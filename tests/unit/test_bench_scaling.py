@@ -1,15 +1,9 @@
-"""scripts/scaling_model.py: per-worker bytes vs world size."""
-
-import importlib.util
-import sys
-from pathlib import Path
+"""benchmarks/model/scaling_model.py: per-worker bytes vs world size."""
 
 import pytest
 import torch
 
-_spec = importlib.util.spec_from_file_location("scaling_model", Path(__file__).parents[2] / "scripts" / "scaling_model.py")
-scaling = sys.modules["scaling_model"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up there
-_spec.loader.exec_module(scaling)
+from benchmarks.model import scaling_model as scaling
 
 SHAPES = {"conv": torch.Size([64, 64, 3, 3]), "fc": torch.Size([10, 512]), "bias": torch.Size([64]),
           "tiny": torch.Size([8, 3, 3, 3])}

@@ -6,8 +6,8 @@ import struct
 import numpy as np
 import pytest
 
-from pactrain_hvd.example_support import data
-from pactrain_hvd.example_support.data import (
+from example_support import data
+from example_support.data import (
     CharVocab,
     DataNotFoundError,
     load_bible_text,

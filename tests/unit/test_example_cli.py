@@ -1,11 +1,11 @@
-"""The examples' PacTrain flags (pactrain_hvd/example_support/cli.py) become the schedule they ask for."""
+"""The examples' PacTrain flags (examples/example_support/cli.py) become the schedule they ask for."""
 
 import argparse
 
 import pytest
 
+from example_support.cli import add_pactrain_arguments, schedule_arguments
 from pactrain_hvd.core import PacTrainConfig
-from pactrain_hvd.example_support.cli import add_pactrain_arguments, schedule_arguments
 
 
 def parsed(*argv):

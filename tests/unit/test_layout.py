@@ -7,7 +7,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pactrain_hvd"
 LIBRARY = ("core", "torch", "tensorflow")
-OUTSIDE = ("pactrain_hvd.example_support", "pactrain_hvd.bench")
+OUTSIDE = ("example_support", "benchmarks")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -32,5 +32,13 @@ def test_the_library_never_imports_example_support_or_the_benchmarks(part):
 
 def test_the_check_sees_an_import_of_example_support(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("from pactrain_hvd.example_support.data import load_fashion_mnist\nimport pactrain_hvd.bench\n")
-    assert imported_modules(module) >= {"pactrain_hvd.example_support.data", "pactrain_hvd.bench"}
+    module.write_text("from example_support.data import load_fashion_mnist\nimport benchmarks\n")
+    assert imported_modules(module) >= {"example_support.data", "benchmarks"}
+
+
+def test_the_package_holds_no_lab_and_never_imports_it():
+    lab = [path for folder in ("bench", "benchmarks", "example_support") for path in (PACKAGE / folder).rglob("*.py")]
+    assert not lab, f"lab modules inside the package: {lab}"
+    for path in sorted(PACKAGE.rglob("*.py")):
+        leaks = {m for m in imported_modules(path) if m.split(".")[0] in OUTSIDE}
+        assert not leaks, f"{path.relative_to(PACKAGE.parent)} imports {sorted(leaks)}"

@@ -1,10 +1,10 @@
-"""``pactrain_hvd.example_support.progress``: whole lines off a terminal, the bar only where it reaches one."""
+"""``example_support.progress``: whole lines off a terminal, the bar only where it reaches one."""
 
 import io
 
 import pytest
 
-from pactrain_hvd.example_support.progress import Progress, progress_line, wants_live_bar
+from example_support.progress import Progress, progress_line, wants_live_bar
 
 
 class FakeClock:

@@ -1,12 +1,9 @@
-"""pactrain_hvd.bench.step_model: alpha-beta collectives, Horovod's cycle and fusion, overlap."""
-
-import importlib.util
-import sys
-from pathlib import Path
+"""benchmarks.model.step_model: alpha-beta collectives, Horovod's cycle and fusion, overlap."""
 
 import pytest
 
-from pactrain_hvd.bench.step_model import (
+from benchmarks.model import step_time_model as script
+from benchmarks.model.step_model import (
     ALLGATHER,
     ALLREDUCE,
     BackgroundLoop,
@@ -106,9 +103,6 @@ def test_link_rejects_nonsense():
         ring_allreduce_s(10, 0, TEN_GBIT)
 
 
-_spec = importlib.util.spec_from_file_location("step_time_model", Path(__file__).parents[2] / "scripts" / "step_time_model.py")
-script = sys.modules["step_time_model"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(script)
 TENSORS = [{"name": "fc", "shape": [512, 512], "ready_fraction": 0.1}, {"name": "bias", "shape": [512], "ready_fraction": 0.2}]
 SPLITS = {"topk": {"select_s": 0.8, "zero_s": 0.1, "scatter_per_worker_s": 0.05},
           "powersgd": {"project_p_s": 1.0, "project_q_s": 1.0, "reconstruct_s": 2.0}}

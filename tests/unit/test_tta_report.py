@@ -2,7 +2,7 @@
 
 import pytest
 
-from pactrain_hvd.bench.tta_report import adopt_reference, at_budget, cell_markdown, late_x_bound, summarize, time_to
+from benchmarks.tta.tta_report import adopt_reference, at_budget, cell_markdown, late_x_bound, summarize, time_to
 
 
 def run(curve, metric="test_accuracy", steps=4):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pactrain_hvd.bench.update_cost import IMPLEMENTATIONS, rebuilt, zero_out
+from benchmarks.micro.update_cost import IMPLEMENTATIONS, rebuilt, zero_out
 
 
 def model_and_optimizer():

@@ -1,0 +1,1 @@
+"""Accuracy report: dense Horovod against PacTrain at several sparsities."""

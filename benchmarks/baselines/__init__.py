@@ -1,0 +1,1 @@
+"""Peer compressors over the same Horovod: Top-k and PowerSGD with residual memory."""

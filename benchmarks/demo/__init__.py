@@ -1,0 +1,1 @@
+"""``make demo``: dense Horovod, then PacTrain, on an emulated link."""

@@ -1,0 +1,1 @@
+"""Emulated links: network namespaces, ``tc`` shaping and link-rate probes."""

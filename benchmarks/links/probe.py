@@ -1,0 +1,69 @@
+"""Link probe: a TCP sink and a timed sender, each run inside a namespace by the harness.
+
+    ip netns exec NS_B python -m benchmarks.links.probe serve --host 10.77.0.2 --port 5201
+    ip netns exec NS_A python -m benchmarks.links.probe send --host 10.77.0.2 --port 5201 --seconds 1
+
+The sink prints ``ready`` once listening, then one JSON line: bytes received and the seconds
+between the first and the last byte, so connection set-up and the tbf bucket's first burst
+barely count. No torch import: it starts in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+
+CHUNK = 1 << 20
+
+
+def serve(host: str, port: int, timeout_s: float = 60.0) -> dict:
+    """Accept one connection, read until EOF, return ``{"bytes", "seconds", "mbit_per_s"}``."""
+    with socket.create_server((host, port)) as server:
+        server.settimeout(timeout_s)
+        print("ready", flush=True)
+        connection, _ = server.accept()
+        with connection:
+            connection.settimeout(timeout_s)
+            received, first, last = 0, None, None
+            buffer = bytearray(CHUNK)
+            while True:
+                count = connection.recv_into(buffer)
+                if not count:
+                    break
+                last = time.perf_counter()
+                first = first if first is not None else last
+                received += count
+    seconds = (last - first) if received and last > first else 0.0
+    return {"bytes": received, "seconds": seconds, "mbit_per_s": received * 8 / seconds / 1e6 if seconds else 0.0}
+
+
+def send(host: str, port: int, seconds: float) -> int:
+    """Send zeros as fast as the link allows for ``seconds``; return the bytes sent."""
+    payload = bytes(CHUNK)
+    sent = 0
+    with socket.create_connection((host, port), timeout=30) as connection:
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            connection.sendall(payload)
+            sent += len(payload)
+    return sent
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("role", choices=("serve", "send"))
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--seconds", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    if args.role == "serve":
+        print(json.dumps(serve(args.host, args.port)), flush=True)
+    else:
+        print(json.dumps({"sent": send(args.host, args.port, args.seconds)}), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Time to accuracy on emulated links: the runner, the worker and the report."""

@@ -1,1 +1,0 @@
-"""Benchmarks and baselines, kept apart from the product."""
