@@ -6,7 +6,9 @@
 codes in int32 lanes, ``packed_values="ternary"``). A PacTrain name may end in a pruning window as fractions of
 the run (``pactrain-0.9-fp16-w0-0.3``: from step 0 to 30 % of ``total_steps``); without one the
 product's default window applies. ``-w0-0`` is sparse from the first step: the masks are ranked once, before
-step 0's all-reduce, so no step sends a prunable tensor dense (``pt.ConstantSparsity``). ``ddp``-prefixed names are the same methods on torch
+step 0's all-reduce, so no step sends a prunable tensor dense (``pt.ConstantSparsity``). ``-ramp50`` in its place
+is a short ramp, packed from step 0 as well: 0.5 at step 0 to the sparsity at step 50, masks re-ranked at every
+step (``pt.short_ramp``). ``ddp``-prefixed names are the same methods on torch
 DistributedDataParallel with its comm hooks (``bench/ddp_methods.py``): ``ddp`` (DDP's own all-reduce),
 ``ddp-fp16`` (``fp16_compress_hook``), ``ddp-powersgd`` (torch's ``powerSGD_hook``), ``ddp-pactrain-0.9-fp16``
 (``pt.ddp.pactrain_hook``).
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+
+from pactrain_hvd.core.schedule import short_ramp
 
 DEFAULT_METHODS = ("dense", "fp16", "topk", "powersgd", "pactrain-0.8", "pactrain-0.8-fp16", "pactrain-0.9",
                    "pactrain-0.9-fp16", "pactrain-0.95", "pactrain-0.95-fp16",
@@ -35,6 +39,7 @@ class MethodSpec:
     density: float = TOPK_DENSITY
     rank: int = POWERSGD_RANK
     window: tuple[float, float] | None = None  # PacTrain: (begin, end) as fractions of the run
+    ramp: int | None = None  # PacTrain: a short ramp of this many steps from step 0 (``pt.short_ramp``)
     frontend: str = "horovod"  # horovod | ddp
 
 
@@ -59,18 +64,22 @@ def parse_method(name: str) -> MethodSpec:
         if rank < 1:
             raise ValueError(f"method {name!r}: PowerSGD rank must be >= 1")
         return MethodSpec(name, "powersgd", rank=rank)
-    if match := re.fullmatch(r"pactrain-(0?\.\d+)(-fp16|-ternary)?(?:-w(\d*\.?\d+)-(\d*\.?\d+))?", name):
+    if match := re.fullmatch(r"pactrain-(0?\.\d+)(-fp16|-ternary)?(?:-w(\d*\.?\d+)-(\d*\.?\d+)|-ramp(\d+))?", name):
         window = (float(match.group(3)), float(match.group(4))) if match.group(3) else None
         if window is not None and not 0 <= window[0] <= window[1] <= 1:
             raise ValueError(f"method {name!r}: the pruning window must be 0 <= begin <= end <= 1")
+        ramp = int(match.group(5)) if match.group(5) else None
         return MethodSpec(name, "pactrain", sparsity=float(match.group(1)), fp16_values=match.group(2) == "-fp16",
-                          ternary_values=match.group(2) == "-ternary", window=window)
+                          ternary_values=match.group(2) == "-ternary", window=window, ramp=ramp)
     raise ValueError(f"unknown method {name!r}: use dense, fp16, topk[-DENSITY], powersgd[-rRANK], "
-                     "pactrain-SPARSITY[-fp16|-ternary][-wBEGIN-END], each also as ddp-NAME (ddp alone: dense)")
+                     "pactrain-SPARSITY[-fp16|-ternary][-wBEGIN-END|-rampSTEPS], each also as ddp-NAME (ddp alone: dense)")
 
 
-def pruning_schedule(spec: MethodSpec, total_steps: int | None) -> dict[str, int]:
-    """PacTrain's schedule arguments: over ``total_steps`` (in ``spec.window`` if it has one), else prune at step 0."""
+def pruning_schedule(spec: MethodSpec, total_steps: int | None) -> dict:
+    """PacTrain's schedule arguments: a short ramp from step 0 (``spec.ramp``), or over ``total_steps`` (in
+    ``spec.window`` if it has one), else prune at step 0."""
+    if spec.ramp is not None:
+        return {"schedule": short_ramp(spec.sparsity, spec.ramp)}
     if not total_steps:
         return {"begin_step": 0, "end_step": 0}
     schedule = {"total_steps": total_steps}

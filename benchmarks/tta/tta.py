@@ -38,7 +38,8 @@ from benchmarks.tta.tta_report import adopt_reference, write_report
 REPO = Path(__file__).resolve().parents[2]
 METHODS = ("dense", "fp16", "topk", "powersgd", "pactrain-0.8-fp16", "pactrain-0.9-fp16", "pactrain-0.9-ternary",
            "ddp-fp16", "ddp-powersgd", "ddp-pactrain-0.9-fp16")
-QUICK_METHODS = ("dense", "fp16", "topk", "powersgd", "pactrain-0.9-fp16", "ddp-pactrain-0.9-fp16")
+QUICK_METHODS = ("dense", "fp16", "topk", "powersgd", "pactrain-0.9-fp16", "pactrain-0.95-ternary-w0-0",
+                 "ddp-pactrain-0.9-fp16")
 BOUND_STEPS = 20
 
 

@@ -162,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device if args.device and Path("/sys/class/net", args.device).exists() else ""
     tx = (lambda: nic_counters(device)["tx_bytes"]) if device else (lambda: 0)
     tx_start, train_s, curve, step_s, losses = tx(), 0.0, [], [], []
+    handed, packed = [], []  # per step, PacTrain only
     phases: dict[str, list[float]] = {name: [] for name in ("compute", "compress", "comm_wait", "update")}  # per step
     synchronizes = trainer is not optimizer  # Horovod's optimizer: synchronize(), then step
     clip = ((lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), workload.clip_norm))
@@ -174,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(1, args.steps + 1):
         times, loss, _ = train_step(compute_loss, trainer, clock, synchronizes, before_update=clip)
         scheduler.step()
+        if hasattr(reporter, "stats"):  # PacTrain: what this step handed to the collective, and how many tensors packed
+            step_stats = reporter.stats()
+            handed.append(int(step_stats["sent_bytes"]))
+            packed.append(sum(1 for t in step_stats["tensors"].values() if t["packed"]))
         step_s.append(times.total)
         train_s += step_s[-1]
         losses.append(loss)
@@ -193,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
               "batch_size": workload.samples_per_step, "seed": args.seed, "curve": curve,
               "step_s": step_s, "phases_s": phases, "train_s": train_s, "losses": losses[:: max(1, len(losses) // 50)],
               "parameters": sum(p.numel() for p in model.parameters()),
-              "sparsity": stats["sparsity"] if stats else 0.0, "compute_only": args.compute_only}
+              "sparsity": stats["sparsity"] if stats else 0.0, "compute_only": args.compute_only,
+              "handed_bytes": handed, "packed_tensors": packed}
     Path(args.out).write_text(json.dumps(record) + "\n")
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -222,9 +222,7 @@ class PacTrainState:
             self._pruner.mask_gradients()
             self._weights_unmasked = False
         remask = not self._zero_stays_zero or self._weights_unmasked or self.config.verifies_at(self._step)
-        if self._pruned_at == self._step:
-            pass
-        elif self.config.schedule.is_update_step(self._step):
+        if self.config.schedule.is_update_step(self._step) and self._pruned_at != self._step:
             self._pruner.update(self._step, verify=self.communicating)
             self._after_mask_change()
             self._pruner.mask_gradients()

@@ -28,7 +28,8 @@ def test_quick_time_to_accuracy(tmp_path):
     cell = json.loads(record_path.read_text())["cells"]["image/100mbit/2w"]
     assert cell["probed_mbit_per_s"] == pytest.approx(100, rel=0.15)
     runs = cell["runs"]
-    assert set(runs) == {"dense", "fp16", "topk", "powersgd", "pactrain-0.9-fp16", "ddp-pactrain-0.9-fp16"}
+    assert set(runs) == {"dense", "fp16", "topk", "powersgd", "pactrain-0.9-fp16", "pactrain-0.95-ternary-w0-0",
+                         "ddp-pactrain-0.9-fp16"}
     for method, result in runs.items():
         assert [point[1] for point in result["curve"]] == [3, 6], method
         assert all(0.0 <= point[2] <= 1.0 for point in result["curve"]), method
@@ -37,9 +38,15 @@ def test_quick_time_to_accuracy(tmp_path):
     # Dense ring all-reduce of 2 workers: each sends one gradient per step, plus the start-up broadcast.
     assert 6 * GRADIENT_MB <= nic_mb["dense"] <= 1.4 * 7 * GRADIENT_MB, nic_mb
     assert nic_mb["fp16"] == pytest.approx(nic_mb["dense"] / 2, rel=0.25), nic_mb
-    for method in ("topk", "powersgd", "pactrain-0.9-fp16", "ddp-pactrain-0.9-fp16"):
+    for method in ("topk", "powersgd", "pactrain-0.9-fp16", "pactrain-0.95-ternary-w0-0", "ddp-pactrain-0.9-fp16"):
         assert nic_mb[method] < nic_mb["fp16"], nic_mb
     for method in ("pactrain-0.9-fp16", "ddp-pactrain-0.9-fp16"):  # the same schedule on Horovod and on DDP
         assert runs[method]["sparsity"] == pytest.approx(0.9, abs=0.01), method
+    first = runs["pactrain-0.95-ternary-w0-0"]  # sparse from the first step: step 1 already hands the final bytes
+    assert first["sparsity"] == pytest.approx(0.95, abs=0.01) and len(first["handed_bytes"]) == 6
+    assert len(set(first["handed_bytes"])) == 1 and len(set(first["packed_tensors"])) == 1 and first["packed_tensors"][0] > 0
+    assert first["handed_bytes"][0] < 0.2 * GRADIENT_MB * 1e6 / 2  # under a fifth of fp16's bytes
+    gradual = runs["pactrain-0.9-fp16"]["handed_bytes"]  # the default window starts dense
+    assert gradual[0] > first["handed_bytes"][0]
     report = (tmp_path / "results.md").read_text()
     assert "| pactrain-0.9-fp16 |" in report and (tmp_path / "image-100mbit-2w.png").is_file()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.common.methods import parse_method
+from benchmarks.common.methods import parse_method, pruning_schedule
 from benchmarks.common.timing import PhaseClock, StepTimes, instrument
 from benchmarks.runner.harness import summarize_cell
 from benchmarks.throughput.report import evaluate_targets, markdown, minimum_payload_bytes
@@ -105,6 +105,12 @@ def test_parse_method_options_and_errors():
     assert (spec.sparsity, spec.ternary_values, spec.window) == (0.9, True, (0.0, 0.3))
     with pytest.raises(ValueError, match="pruning window"):
         parse_method("pactrain-0.9-fp16-w0.5-0.2")
+    first = parse_method("pactrain-0.95-ternary-w0-0")
+    assert pruning_schedule(first, 600) == {"total_steps": 600, "begin_step": 0, "end_step": 0}  # packed from step 0
+    ramp = parse_method("pactrain-0.98-ternary-ramp50")
+    assert (ramp.sparsity, ramp.ternary_values, ramp.window, ramp.ramp) == (0.98, True, None, 50)
+    schedule = pruning_schedule(ramp, 600)["schedule"].polynomial()
+    assert (schedule.initial_sparsity, schedule.final_sparsity, schedule.end_step, schedule.frequency) == (0.5, 0.98, 50, 1)
     with pytest.raises(ValueError, match="unknown method"):
         parse_method("pactrain")
 
