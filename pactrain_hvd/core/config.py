@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +45,48 @@ def scale_factors(averaging: bool, gradient_predivide_factor: float) -> dict[str
     if not averaging:
         return {"prescale_factor": 1.0, "postscale_factor": 1.0}
     return {"prescale_factor": 1.0 / gradient_predivide_factor, "postscale_factor": gradient_predivide_factor}
+
+
+# PacTrain's keyword arguments, declared once for every façade (``pactrain_keywords``): name -> default.
+# None defers to ``PacTrainConfig.from_arguments`` (the run's share of the schedule, the plan's constants).
+KEYWORDS: dict[str, Any] = {
+    "sparsity": DEFAULT_SPARSITY, "begin_step": None, "end_step": None, "frequency": None, "total_steps": None,
+    "schedule": None, "prunable": None, "ranking": DEFAULT_RANKING, "pack_min_numel": None, "pack_max_density": None,
+    "verify_every": DEFAULT_VERIFY_EVERY, "packed_values": "inherit", "masks": None, "continue_pruning": False,
+    "resume_changed_settings": False, "values": None,
+}
+CONFIG_KEYWORDS = ("sparsity", "begin_step", "end_step", "frequency", "total_steps", "schedule", "ranking",
+                   "pack_min_numel", "pack_max_density", "verify_every", "resume_changed_settings")
+
+
+def pactrain_keywords(*, without: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    """Decorator for a façade whose last parameter is ``**pactrain``: it takes ``KEYWORDS`` (less ``without``) as
+    keyword-only arguments with their defaults, and its signature says so (``help``, ``inspect.signature``).
+    Any other keyword is a ``TypeError`` naming it, as for a plain signature; the function receives every
+    one of them in ``pactrain``, defaults filled in."""
+    names = [name for name in KEYWORDS if name not in without]
+
+    def decorate(function: Callable) -> Callable:
+        signature = inspect.signature(function)
+        own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        declared = signature.replace(parameters=own + [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=KEYWORDS[name]) for name in names])
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            bound = declared.bind(*args, **kwargs)  # refuses unknown or doubled arguments, naming them
+            pactrain = {name: bound.arguments.pop(name, KEYWORDS[name]) for name in names}
+            return function(*bound.args, **bound.kwargs, **pactrain)
+
+        wrapper.__signature__ = declared
+        return wrapper
+
+    return decorate
+
+
+def config_arguments(pactrain: dict[str, Any]) -> dict[str, Any]:
+    """The part of ``pactrain`` that ``PacTrainConfig.from_arguments`` reads."""
+    return {name: pactrain[name] for name in CONFIG_KEYWORDS if name in pactrain}
 
 
 @dataclass(frozen=True)

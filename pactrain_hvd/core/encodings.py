@@ -59,19 +59,20 @@ PACKED_VALUES = tuple(ENCODINGS)
 _BY_WIRE = {encoding.wire: name for name, encoding in ENCODINGS.items() if not encoding.quantized}
 
 
-def packed_values_argument(packed_values: str, values: str | None = None) -> str:
+def packed_values_argument(packed_values: str, values: str | None = None, stacklevel: int = 3) -> str:
     """``packed_values=``, or the deprecated ``values=`` it replaces, checked: a key of ``ENCODINGS``. Their old ``"fp32"`` never
-    meant fp32 (with ``Compression.fp16`` it sent fp16) but "as ``compression`` says", so it reads ``"inherit"``."""
+    meant fp32 (with ``Compression.fp16`` it sent fp16) but "as ``compression`` says", so it reads ``"inherit"``.
+    Deprecation warnings point ``stacklevel`` frames up: at the façade's caller."""
     if values is not None:
         if packed_values != "inherit":
             raise ValueError(f"give packed_values= or the deprecated values=, not both (got {packed_values!r} "
                              f"and {values!r})")
         warnings.warn("values= is deprecated: use packed_values= (its 'fp32' is now 'inherit')",
-                      DeprecationWarning, stacklevel=3)
+                      DeprecationWarning, stacklevel=stacklevel)
         packed_values = values
     if packed_values == "fp32":
         warnings.warn("packed_values='fp32' is deprecated: it is 'inherit' (values travel as compression says)",
-                      DeprecationWarning, stacklevel=3)
+                      DeprecationWarning, stacklevel=stacklevel)
         packed_values = "inherit"
     if packed_values not in ENCODINGS:
         raise ValueError(f"packed_values must be one of {', '.join(map(repr, PACKED_VALUES))}, got {packed_values!r}")

@@ -7,7 +7,7 @@ from typing import Any
 import horovod.tensorflow as hvd
 
 from pactrain_hvd.core import PacTrainConfig
-from pactrain_hvd.core.config import reduce_op_name, require_initialized
+from pactrain_hvd.core.config import config_arguments, reduce_op_name, require_initialized
 from pactrain_hvd.core.encodings import ENCODINGS
 from pactrain_hvd.core.own_masks import schedule_sparsity
 from pactrain_hvd.tensorflow.compression import PACKED_WIRES
@@ -25,20 +25,13 @@ def _validate_groups(groups: Any) -> None:
 
 
 def checked_arguments(*, compression: Any, op: Any, gradient_predivide_factor: float, groups: Any, packed_values: str,
-                       process_set: Any, prunable: Prunable, sparsity: float, masks: Any, continue_pruning: bool,
-                       begin_step: int | None, end_step: int | None, frequency: int | None,
-                       total_steps: int | None, ranking: str, verify_every: int, schedule: Any = None,
-                       pack_min_numel: int | None, pack_max_density: float | None, resume_changed_settings: bool,
-                       **_unchecked: Any) -> tuple[PacTrainConfig, PendingMasks | None]:
+                      process_set: Any, prunable: Prunable, masks: Any, continue_pruning: bool,
+                      **pactrain: Any) -> tuple[PacTrainConfig, PendingMasks | None]:
     """``PacTrainState``'s arguments checked, before anything is created or communicated: its config and
-    given masks."""
-    config = PacTrainConfig.from_arguments(
-        sparsity=schedule_sparsity(sparsity, masks is not None, continue_pruning), begin_step=begin_step,
-        end_step=end_step, frequency=frequency, total_steps=total_steps, schedule=schedule, ranking=ranking,
-        verify_every=verify_every,
-        pack_min_numel=pack_min_numel, pack_max_density=pack_max_density,
-        resume_changed_settings=resume_changed_settings,
-    )
+    given masks. ``pactrain``: the rest of its keywords (``core.config.KEYWORDS``), and whatever else it takes."""
+    config = PacTrainConfig.from_arguments(**dict(config_arguments(pactrain),
+                                                  sparsity=schedule_sparsity(pactrain["sparsity"], masks is not None,
+                                                                             continue_pruning)))
     own_masks = PendingMasks(masks) if masks is not None else None
     if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
         raise TypeError(f"compression must be a Horovod Compressor such as hvd.Compression.fp16, "

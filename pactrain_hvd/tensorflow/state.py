@@ -40,11 +40,7 @@ from pactrain_hvd.core import (
     should_pack,
 )
 from pactrain_hvd.core.agreement import horovod_settings
-from pactrain_hvd.core.config import (
-    DEFAULT_RANKING,
-    DEFAULT_VERIFY_EVERY,
-    reduce_op_name,
-)
+from pactrain_hvd.core.config import pactrain_keywords, reduce_op_name
 from pactrain_hvd.core.encodings import ENCODINGS, packed_values_argument
 from pactrain_hvd.core.lanes import ternary_layout
 from pactrain_hvd.tensorflow import checkpoint
@@ -53,7 +49,6 @@ from pactrain_hvd.tensorflow.compression import PACKED_WIRES, UNMASKED, PacTrain
 from pactrain_hvd.tensorflow.engine import HorovodEngine
 from pactrain_hvd.tensorflow.own_masks import sync_tfmot_masks
 from pactrain_hvd.tensorflow.pruning import (
-    Prunable,
     Pruner,
     backing_variable,
     optimizer_slots,
@@ -115,6 +110,7 @@ class PacTrainState(HorovodEngine, tf.train.experimental.PythonState):
         ...     opt.apply_gradients(zip(grads, model.trainable_variables))
     """
 
+    @pactrain_keywords()
     def __init__(
         self,
         compression: type[Compressor] = Compression.none,
@@ -126,27 +122,15 @@ class PacTrainState(HorovodEngine, tf.train.experimental.PythonState):
         device_dense: str = "",
         device_sparse: str = "",
         scale_local_gradients: bool = True,
-        sparsity: float = 0.9,
-        begin_step: int | None = None,
-        end_step: int | None = None,
-        frequency: int | None = None,
-        total_steps: int | None = None,
-        schedule: Any = None,
-        prunable: Prunable = None,
-        ranking: str = DEFAULT_RANKING,
-        pack_min_numel: int | None = None,
-        pack_max_density: float | None = None,
-        verify_every: int = DEFAULT_VERIFY_EVERY,
         optimizer: Any = None,
-        masks: dict[str, Any] | Any = None,
-        continue_pruning: bool = False,
-        resume_changed_settings: bool = False,
-        packed_values: str = "inherit",
-        values: str | None = None,
+        **pactrain: Any,
     ) -> None:
-        packed_values, values = packed_values_argument(packed_values, values), None
-        arguments = {name: value for name, value in locals().items() if name not in ("self", "__class__")}
-        self.config, self._own_masks = checked_arguments(**arguments)
+        # warns at the caller if values= is given (this frame, the keyword wrapper's, then the caller's)
+        packed_values = packed_values_argument(pactrain.pop("packed_values"), pactrain.pop("values"), stacklevel=4)
+        prunable = pactrain["prunable"]
+        self.config, self._own_masks = checked_arguments(
+            compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor, groups=groups,
+            packed_values=packed_values, process_set=process_set, **pactrain)
         self._tfmot_masks: dict[str, tf.Variable] = {}
         self.compression = compression
         self.sparse_as_dense = bool(sparse_as_dense)

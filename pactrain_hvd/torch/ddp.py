@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from pactrain_hvd.core import CheckpointError, PacTrainConfig, StepStats, TensorStats, should_pack
-from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY
+from pactrain_hvd.core.config import config_arguments, pactrain_keywords
 from pactrain_hvd.core.encodings import ENCODINGS, packed_values_argument
 from pactrain_hvd.core.lanes import LaneLayout, ternary_layout
 from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
@@ -42,7 +42,7 @@ from pactrain_hvd.torch.checkpoint import saved_step_and_masks
 from pactrain_hvd.torch.compression import fills_storage, storage_view
 from pactrain_hvd.torch.lanes import dequantize, encode, local_scale, stochastic_ternary
 from pactrain_hvd.torch.memory import ErrorFeedback
-from pactrain_hvd.torch.pruning import Prunable, Pruner, TableExchange, select_prunable, zero_stays_zero
+from pactrain_hvd.torch.pruning import Pruner, TableExchange, select_prunable, zero_stays_zero
 
 _NOISE_SEED = 0xDD9  # ternary rounding noise: drawn per (rank, step, parameter), see _rounding_noise
 
@@ -104,31 +104,11 @@ class PacTrainHookState:
     the first step proves it (``SettingsMismatchError`` on every rank instead of a hang).
     """
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        sparsity: float = 0.9,
-        begin_step: int | None = None,
-        end_step: int | None = None,
-        frequency: int | None = None,
-        total_steps: int | None = None,
-        schedule: Any = None,
-        prunable: Prunable = None,
-        ranking: str = DEFAULT_RANKING,
-        pack_min_numel: int | None = None,
-        pack_max_density: float | None = None,
-        verify_every: int = DEFAULT_VERIFY_EVERY,
-        process_group: dist.ProcessGroup | None = None,
-        packed_values: str = "inherit",
-        resume_changed_settings: bool = False,
-    ) -> None:
-        self.config = PacTrainConfig.from_arguments(
-            sparsity=sparsity, begin_step=begin_step, end_step=end_step, frequency=frequency,
-            total_steps=total_steps, schedule=schedule, ranking=ranking, verify_every=verify_every,
-            pack_min_numel=pack_min_numel, pack_max_density=pack_max_density,
-            resume_changed_settings=resume_changed_settings)
-        packed_values = packed_values_argument(packed_values)
+    @pactrain_keywords(without=("masks", "continue_pruning", "values"))
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 process_group: dist.ProcessGroup | None = None, **pactrain: Any) -> None:
+        self.config = PacTrainConfig.from_arguments(**config_arguments(pactrain))
+        packed_values = packed_values_argument(pactrain["packed_values"])
         self.packed_values = packed_values
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -152,7 +132,7 @@ class PacTrainHookState:
         self.memory = ErrorFeedback()
         self._rank = dist.get_rank(process_group)
         self._generators: dict[torch.device, torch.Generator] = {}
-        self._pruner = Pruner(self.parameters, select_prunable(self.parameters, prunable), self.config.schedule,
+        self._pruner = Pruner(self.parameters, select_prunable(self.parameters, pactrain["prunable"]), self.config.schedule,
                               self.config.ranking, exchange=dist_exchange(process_group),
                               settings={**self.config.shared_settings(), "packed_values": packed_values})
         self._checks_masks = bool(self._pruner.prunable_names) and self.config.sparsity > 0

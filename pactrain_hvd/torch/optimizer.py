@@ -19,12 +19,11 @@ from horovod.torch.compression import Compression, Compressor
 
 from pactrain_hvd.core import PacTrainConfig
 from pactrain_hvd.core.agreement import horovod_settings
-from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY, reduce_op_name
+from pactrain_hvd.core.config import config_arguments, pactrain_keywords, reduce_op_name
 from pactrain_hvd.core.encodings import packed_values_argument
 from pactrain_hvd.torch import checkpoint
 from pactrain_hvd.torch.arguments import checked_arguments, checked_parameters
 from pactrain_hvd.torch.engine import HorovodEngine
-from pactrain_hvd.torch.pruning import Prunable
 from pactrain_hvd.torch.state import PacTrainState
 
 
@@ -82,6 +81,7 @@ class DistributedOptimizer(HorovodEngine, torch.optim.Optimizer):
         >>> loss.backward(); opt.step()   # the loop is unchanged
     """
 
+    @pactrain_keywords()
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
@@ -94,23 +94,7 @@ class DistributedOptimizer(HorovodEngine, torch.optim.Optimizer):
         groups: int | list[list[torch.Tensor]] | None = None,
         sparse_as_dense: bool = False,
         process_set: hvd.ProcessSet = hvd.global_process_set,
-        *,
-        sparsity: float = 0.9,
-        begin_step: int | None = None,
-        end_step: int | None = None,
-        frequency: int | None = None,
-        total_steps: int | None = None,
-        schedule: Any = None,
-        prunable: Prunable = None,
-        ranking: str = DEFAULT_RANKING,
-        pack_min_numel: int | None = None,
-        pack_max_density: float | None = None,
-        verify_every: int = DEFAULT_VERIFY_EVERY,
-        packed_values: str = "inherit",
-        masks: dict[str, Any] | torch.nn.Module | None = None,
-        continue_pruning: bool = False,
-        resume_changed_settings: bool = False,
-        values: str | None = None,
+        **pactrain: Any,
     ) -> None:
         # Everything is validated before the first collective call.
         if (not isinstance(optimizer, torch.optim.Optimizer) or isinstance(optimizer, DistributedOptimizer)
@@ -118,17 +102,16 @@ class DistributedOptimizer(HorovodEngine, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a plain torch.optim.Optimizer, not one already wrapped in a "
                             f"DistributedOptimizer (Horovod's or ours), got {type(optimizer).__name__}")
         if num_groups != 0:
-            warnings.warn("num_groups has been replaced by groups (as in Horovod)", DeprecationWarning, stacklevel=2)
+            warnings.warn("num_groups has been replaced by groups (as in Horovod)", DeprecationWarning, stacklevel=3)
             groups = num_groups if groups is None else groups
         parameters = checked_parameters(optimizer, named_parameters)
-        packed_values = packed_values_argument(packed_values, values)  # warns here, at the caller, if values= is given
+        # warns at the caller if values= is given (this frame, the keyword wrapper's, then the caller's)
+        packed_values = packed_values_argument(pactrain.pop("packed_values"), pactrain.pop("values"), stacklevel=4)
+        masks = pactrain["masks"]
         config = checked_arguments(
             backward_passes_per_step=backward_passes_per_step, op=op, gradient_predivide_factor=gradient_predivide_factor,
-            groups=groups, packed_values=packed_values, sparsity=sparsity, masks=masks,
-            continue_pruning=continue_pruning, begin_step=begin_step, end_step=end_step, frequency=frequency,
-            total_steps=total_steps, schedule=schedule, ranking=ranking, verify_every=verify_every,
-            pack_min_numel=pack_min_numel, pack_max_density=pack_max_density,
-            resume_changed_settings=resume_changed_settings)
+            groups=groups, packed_values=packed_values, masks=masks, continue_pruning=pactrain["continue_pruning"],
+            **config_arguments(pactrain))
         self._optimizer = optimizer
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
@@ -136,7 +119,8 @@ class DistributedOptimizer(HorovodEngine, torch.optim.Optimizer):
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
         self.packed_values = packed_values
-        state = PacTrainState(parameters, optimizer, config, prunable=prunable, masks=masks, compression=compression,
+        state = PacTrainState(parameters, optimizer, config, prunable=pactrain["prunable"], masks=masks,
+                              compression=compression,
                               packed_values=packed_values, process_set=process_set,
                               settings=horovod_settings(reduce_op_name(hvd, op, gradient_predivide_factor), compression,
                                                         groups, backward_passes_per_step, gradient_predivide_factor))

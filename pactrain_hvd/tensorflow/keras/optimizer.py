@@ -21,11 +21,11 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 from horovod.tensorflow.compression import Compression, Compressor
 
-from pactrain_hvd.core.config import DEFAULT_RANKING, DEFAULT_VERIFY_EVERY
+from pactrain_hvd.core.config import pactrain_keywords
+from pactrain_hvd.core.encodings import packed_values_argument
 from pactrain_hvd.tensorflow.keras.apply import Keras3Apply, PacTrainOptimizer, TfKerasApply, agree_on_skipped_steps
 from pactrain_hvd.tensorflow.keras.gradient_aggregation import LocalAggregation
 from pactrain_hvd.tensorflow.keras.saving import keras_file_entry_class
-from pactrain_hvd.tensorflow.pruning import Prunable
 from pactrain_hvd.tensorflow.state import PacTrainState
 
 
@@ -41,6 +41,7 @@ def _distributed_class(optimizer_class: type) -> type:
                 {"__module__": optimizer_class.__module__, "__qualname__": optimizer_class.__qualname__})
 
 
+@pactrain_keywords()
 def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
     optimizer: Any,
     name: str | None = None,
@@ -56,22 +57,7 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
     groups: int | list | None = None,
     process_set: hvd.ProcessSet = hvd.global_process_set,
     scale_local_gradients: bool = True,
-    sparsity: float = 0.9,
-    begin_step: int | None = None,
-    end_step: int | None = None,
-    frequency: int | None = None,
-    total_steps: int | None = None,
-    schedule: Any = None,
-    prunable: Prunable = None,
-    ranking: str = DEFAULT_RANKING,
-    pack_min_numel: int | None = None,
-    pack_max_density: float | None = None,
-    verify_every: int = DEFAULT_VERIFY_EVERY,
-    masks: dict[str, Any] | Any = None,
-    continue_pruning: bool = False,
-    resume_changed_settings: bool = False,
-    packed_values: str = "inherit",
-    values: str | None = None,
+    **pactrain: Any,
 ) -> Any:
     """Drop-in replacement for ``horovod.tensorflow.keras.DistributedOptimizer`` that prunes and packs.
 
@@ -112,17 +98,16 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
         raise TypeError(f"average_aggregated_gradients must be a bool, got {average_aggregated_gradients!r}")
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
-                      DeprecationWarning, stacklevel=2)
+                      DeprecationWarning, stacklevel=3)
         groups = groups if groups is not None else num_groups
+    # read here, so that a deprecated spelling warns at the caller (this frame, the keyword wrapper's, the caller's)
+    pactrain["packed_values"] = packed_values_argument(pactrain.pop("packed_values"), pactrain.pop("values"),
+                                                       stacklevel=4)
     state = PacTrainState(
         compression=compression, sparse_as_dense=sparse_as_dense, op=op,
         gradient_predivide_factor=gradient_predivide_factor, groups=groups, process_set=process_set,
         device_dense=device_dense, device_sparse=device_sparse, scale_local_gradients=scale_local_gradients,
-        sparsity=sparsity, begin_step=begin_step, end_step=end_step, frequency=frequency, total_steps=total_steps, schedule=schedule,
-        prunable=prunable,
-        ranking=ranking, pack_min_numel=pack_min_numel, pack_max_density=pack_max_density, verify_every=verify_every,
-        masks=masks, continue_pruning=continue_pruning, resume_changed_settings=resume_changed_settings,
-        packed_values=packed_values, values=values,
+        **pactrain,
     )
     state.share_settings(backward_passes_per_step=backward_passes_per_step,
                          average_aggregated_gradients=average_aggregated_gradients)
