@@ -146,7 +146,10 @@ def _learning_rate(optimizer: Any) -> float:
 
 
 def _settable_learning_rate(optimizer: Any) -> Any:
+    held = getattr(getattr(optimizer, "inner_optimizer", optimizer), "_learning_rate", None)
     learning_rate = optimizer.learning_rate
+    if isinstance(held, tf.keras.optimizers.schedules.LearningRateSchedule):
+        learning_rate = held
     if hasattr(learning_rate, "assign") or isinstance(learning_rate, (int, float)):
         return learning_rate
     raise ValueError(f"the optimizer's learning rate is a schedule ({type(learning_rate).__name__}): a "
