@@ -227,6 +227,8 @@ class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
         momentum = getattr(optimizer, "momentum", None)
         if momentum is None or hasattr(momentum, "assign"):
             return momentum
+        if not momentum:
+            return None  # no momentum to correct
         if not self._warned_momentum:
             warnings.warn(f"{type(self).__name__}: momentum_correction skipped: {type(optimizer).__name__} holds its "
                           "momentum as a Python number, a constant of the traced training step", stacklevel=3)
