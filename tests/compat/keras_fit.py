@@ -1,7 +1,7 @@
 """Horovod's Keras MNIST script in Horovod's idiom, on synthetic data: a ``Sequential`` without ``Input`` (built
 by the first batch), ``fit`` with Horovod's four callbacks. The PacTrain lines: the optimizer, and the
-``ptk.callbacks.`` prefix. The Keras 3 lines: ``compile`` without ``experimental_run_tf_function``, and a
-``ModelCheckpoint`` path ending in ``.weights.h5``.
+``ptk.callbacks.`` prefix. The Keras 3 line: ``compile`` without ``experimental_run_tf_function``. Horovod's
+checkpoints the whole model (``.h5``); this one the weights (``.weights.h5``), which is quicker.
 
     horovodrun -np 2 -H localhost:2 --gloo python tests/compat/keras_fit.py
 """

@@ -3,14 +3,15 @@
 Same names and arguments as ``horovod.tensorflow.keras.callbacks``: ``BroadcastGlobalVariablesCallback``,
 ``MetricAverageCallback``, ``LearningRateScheduleCallback``, ``LearningRateWarmupCallback``. A script
 written for Horovod's switches by prefix (``hvd.callbacks.X`` -> ``ptk.callbacks.X``). Horovod 0.28's own
-fail on today's Keras: they read and set the learning rate through ``keras.backend.get_value`` /
-``set_value`` and ``optimizer.lr`` (gone from Keras 3 and from tf-keras 2.21's backend), and call
-``optimizer.variables()`` (a list under Keras 3). These work with any Keras optimizer, ours or not.
+fail on today's Keras: they take ``get_value`` / ``set_value`` from ``import keras``, which is Keras 3 even
+when the model is tf-keras 2's, and Keras 3's backend has neither; they read ``optimizer.lr`` and call
+``optimizer.variables()`` and ``variable.ref()``, all gone in Keras 3. These work with any Keras
+optimizer, ours or not.
 
 What a Horovod Keras script needs beyond the prefix under Keras 3 is Keras' own change, not ours:
 ``compile(experimental_run_tf_function=False)`` is gone (drop the argument), ``optimizer.variables``
-is a list (no call), ``ModelCheckpoint`` paths end in ``.keras`` or ``.weights.h5``, and Horovod's ops
-have no XLA kernels, so a GPU ``compile`` needs ``jit_compile=False`` (Keras 3 defaults to XLA there).
+is a list (no call), and Horovod's ops have no XLA kernels, so a GPU ``compile`` needs
+``jit_compile=False`` (Keras 3 defaults to XLA there).
 
 Momentum correction (``momentum_correction=True``) changes the momentum only where the optimizer holds
 it in a variable (tf-keras' legacy optimizers): Keras 3 and tf-keras 2 optimizers hold a Python number,
