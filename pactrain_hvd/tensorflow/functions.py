@@ -110,7 +110,7 @@ def broadcast_variables_at_next_reduction(state: Any, root_rank: int = 0,
 
     Raises:
         TypeError: ``state`` holds no ``PacTrainState``.
-        ValueError: ``root_rank`` is not a rank of the state's process set.
+        ValueError: ``root_rank`` is not an int >= 0.
     """
     found = state_of(state)
     if found is None:
@@ -123,8 +123,6 @@ def broadcast_variables_at_next_reduction(state: Any, root_rank: int = 0,
                         f"yet), got {type(variables).__name__}")
     if not communicates(found.process_set):
         return
-    if root_rank >= found.process_set.size():
-        raise ValueError(f"root_rank must be below the process set's size {found.process_set.size()}, got {root_rank}")
     local = {backing_variable(variable).ref() for variable in local_variables}
     request = found._broadcast_request
     if request is None:

@@ -257,11 +257,12 @@ class PacTrainState(HorovodEngine, tf.train.experimental.PythonState):
         backing = [backing_variable(v) for v in variables]
         new = [(v, b) for v, b in zip(variables, backing) if b.ref() not in self._positions]
         if new:
-            # Variables a trace creates (a model Keras builds at its first call) hold their values only
-            # when the traced step runs: masks installed now are applied to them by the step's graph ops.
-            self._zero_in_graph = not tf.executing_eagerly()
+            tracing = not tf.executing_eagerly()
             try:
                 with tf.init_scope():
+                    # Variables a trace creates (a model Keras builds at its first call) hold their values only
+                    # when the traced step runs: masks installed now are applied to them by the step's graph ops.
+                    self._zero_in_graph = tracing and not all(bool(b.is_initialized()) for _, b in new)
                     self._register(new)
             finally:
                 self._zero_in_graph = False

@@ -3,7 +3,7 @@ by the first batch), ``fit`` with Horovod's four callbacks. The PacTrain lines: 
 ``ptk.callbacks.`` prefix. The Keras 3 line: ``compile`` without ``experimental_run_tf_function``. Horovod's
 checkpoints the whole model (``.h5``); this one the weights (``.weights.h5``), which is quicker.
 
-    horovodrun -np 2 -H localhost:2 --gloo python tests/compat/keras_fit.py
+    horovodrun -np 2 -H localhost:2 --gloo python tests/horovod_scripts/keras_fit.py
 """
 
 import tempfile

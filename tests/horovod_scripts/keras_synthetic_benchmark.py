@@ -3,7 +3,7 @@ batch, images per second from a timing callback. The PacTrain lines: the optimiz
 step, packed values as ternary codes) and the callback's prefix. The Keras 3 line: ``compile`` without
 ``experimental_run_tf_function``.
 
-    horovodrun -np 2 -H localhost:2 --gloo python tests/compat/keras_synthetic_benchmark.py --fp16-allreduce
+    horovodrun -np 2 -H localhost:2 --gloo python tests/horovod_scripts/keras_synthetic_benchmark.py --fp16-allreduce
 """
 
 import argparse

@@ -2,7 +2,7 @@
 the tape, a model built by its first call, the variables broadcast after the first batch. The PacTrain line:
 the tape (with its pruning arguments). The Keras 3 line: ``opt.variables`` is a list, not a method.
 
-    horovodrun -np 2 -H localhost:2 --gloo python tests/compat/tape_loop.py
+    horovodrun -np 2 -H localhost:2 --gloo python tests/horovod_scripts/tape_loop.py
 """
 
 import horovod.tensorflow as hvd
