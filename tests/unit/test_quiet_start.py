@@ -1,6 +1,6 @@
 """The examples' TensorFlow start drops the CUDA probe's lines and nothing else."""
 
-from pactrain_hvd.example_support.quiet_start import probe_lines_dropped
+from example_support.quiet_start import probe_lines_dropped
 
 HEADER = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
 ONEDNN = "I0000 00:00:1.1 1 port.cc:153] oneDNN custom operations are on. You may see slightly different ...\n"
