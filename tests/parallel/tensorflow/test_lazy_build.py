@@ -6,6 +6,7 @@ import tempfile
 
 import horovod.tensorflow as hvd
 import numpy as np
+import pytest
 import tensorflow as tf
 from conftest import assert_same_on_all_ranks, batch, compiled, fit, keras, loss_fn, named
 
@@ -131,3 +132,13 @@ def test_state_restored_on_rank_0_reaches_a_lazy_model_on_every_rank():
     for name, saved in saved_masks.items():
         np.testing.assert_array_equal(opt.masks()[renamed[name]], saved)
     assert_pruned_and_equal(model, opt.masks())
+
+
+def test_broadcast_request_refuses_bad_arguments_by_name():
+    state = pt.PacTrainState(sparsity=0.5)
+    with pytest.raises(TypeError, match="needs a PacTrainState"):
+        pt.broadcast_variables_at_next_reduction(keras.optimizers.SGD(0.1), 0)
+    with pytest.raises(ValueError, match="root_rank"):
+        pt.broadcast_variables_at_next_reduction(state, -1)
+    with pytest.raises(TypeError, match="variables must be a callable"):
+        pt.broadcast_variables_at_next_reduction(state, 0, variables=[])
