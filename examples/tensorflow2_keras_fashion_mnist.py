@@ -15,7 +15,9 @@ import argparse
 import json
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from example_support.quiet_start import import_tensorflow  # noqa: E402
+
+import_tensorflow()  # TF as it starts, without the CUDA probe's error lines on machines with no GPU
 
 import horovod.tensorflow.keras as hvd  # noqa: E402
 import tensorflow as tf  # noqa: E402

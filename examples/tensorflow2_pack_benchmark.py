@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from example_support.quiet_start import import_tensorflow  # noqa: E402
+
+import_tensorflow()  # TF as it starts, without the CUDA probe's error lines on machines with no GPU
 
 import horovod.tensorflow as hvd  # noqa: E402
 import keras  # noqa: E402

@@ -12,10 +12,11 @@ PacTrain change is the tape line. Run::
 from __future__ import annotations
 
 import argparse
-import os
 import timeit
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from example_support.quiet_start import import_tensorflow  # noqa: E402
+
+import_tensorflow()  # TF as it starts, without the CUDA probe's error lines on machines with no GPU
 
 import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402

@@ -12,7 +12,7 @@ failed=()
 passed=0
 
 # TEST_SUITES picks suites by key (default: all), e.g. TEST_SUITES="unit torch tensorflow".
-SUITES=" ${TEST_SUITES:-lint unit docs torch tensorflow ddp resume faults elastic bench mpi} "
+SUITES=" ${TEST_SUITES:-lint unit docs torch tensorflow horovod-scripts ddp resume faults elastic bench mpi} "
 
 # pytest exits 5 when a selection holds no test: that is a gap, said loudly, not a failure.
 run() {
@@ -42,6 +42,7 @@ run tensorflow "tensorflow x2 (gloo)" "$VENV/bin/horovodrun" -np 2 -H localhost:
   "$PY" -m pytest "${PYTEST[@]}" tests/parallel/tensorflow
 run tensorflow "tensorflow tf-keras 2 x2 (gloo)" env TF_USE_LEGACY_KERAS=1 "$VENV/bin/horovodrun" -np 2 -H localhost:2 --gloo \
   "$PY" -m pytest "${PYTEST[@]}" tests/parallel/tensorflow
+run horovod-scripts "Horovod-style scripts x2 (horovodrun; Keras 3, tf-keras 2)" "$PY" -m pytest "${PYTEST[@]}" tests/horovod_scripts
 run ddp "torch DDP comm hook x2 (gloo, torch.multiprocessing)" env TF_CPP_MIN_LOG_LEVEL=3 "$PY" -m pytest "${PYTEST[@]}" tests/ddp
 run resume "resume after kill (horovodrun)" "$PY" -m pytest "${PYTEST[@]}" tests/integration
 run faults "faults: a mistake on one rank (horovodrun)" "$PY" -m pytest "${PYTEST[@]}" tests/faults

@@ -16,7 +16,7 @@ from pactrain_hvd.core import (
     short_ramp,
 )
 from pactrain_hvd.tensorflow.compression import PacTrainCompressor
-from pactrain_hvd.tensorflow.functions import broadcast_masks
+from pactrain_hvd.tensorflow.functions import broadcast_masks, broadcast_variables_at_next_reduction
 from pactrain_hvd.tensorflow.pruning import Pruner, default_prunable
 from pactrain_hvd.tensorflow.state import PacTrainState
 from pactrain_hvd.tensorflow.tape import DistributedGradientTape, PartialDistributedGradientTape
@@ -36,6 +36,7 @@ __all__ = [
     "PartialDistributedGradientTape",
     "Pruner",
     "broadcast_masks",
+    "broadcast_variables_at_next_reduction",
     "default_prunable",
     "short_ramp",
 ]

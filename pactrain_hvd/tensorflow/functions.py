@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import horovod.tensorflow as hvd
+import tensorflow as tf
 
-from pactrain_hvd.tensorflow.pruning import communicates
+from pactrain_hvd.tensorflow.pruning import backing_variable, communicates, optimizer_variables
 from pactrain_hvd.tensorflow.state import PacTrainState
 
 
@@ -40,3 +43,90 @@ def broadcast_masks(state: Any, root_rank: int = 0) -> None:
     blob = hvd.broadcast_object(state.serialize(), root_rank, name="pactrain.state", process_set=state.process_set)
     state.deserialize(blob)
     state.request_verification()  # every rank of the process set is here
+
+
+class _BroadcastAtNextReduction:
+    """The broadcast ``broadcast_variables_at_next_reduction`` asked for: graph ops under a ``tf.cond`` on a
+    flag every rank sets alike, so a traced step holds them and runs them once, then skips them."""
+
+    def __init__(self, state: PacTrainState, root_rank: int, variables: Callable[[], Sequence[Any]] | None,
+                 device: str, local: set[Any]) -> None:
+        self.state = state
+        self.root_rank = root_rank
+        self.variables = variables
+        self.device = device
+        self.local = local
+        with tf.init_scope():
+            self.pending = tf.Variable(True, trainable=False, name="pactrain_broadcast_pending")
+
+    def shared(self, reduced: Sequence[Any]) -> list[tf.Variable]:
+        """What travels: ``variables()``, else the reduced variables and the state's optimizer's; once each."""
+        chosen = list(self.variables()) if self.variables is not None else [
+            *reduced, *optimizer_variables(self.state.optimizer)]
+        unique: dict[Any, tf.Variable] = {}
+        for variable in chosen:
+            backing = backing_variable(variable)
+            if backing.ref() not in self.local and not self.state.is_local(backing):
+                unique.setdefault(backing.ref(), backing)
+        return list(unique.values())
+
+    @tf.autograph.experimental.do_not_convert
+    def __call__(self, reduced: Sequence[Any]) -> tf.Tensor:
+        variables = self.shared(reduced)
+
+        def broadcast() -> tf.Tensor:
+            with tf.device(self.device):
+                for position, variable in enumerate(variables):
+                    # Named: ops in tf.cond branches are not uniquified as ops of one graph are.
+                    name = f"pactrain_broadcast_{position}_" + re.sub("[^a-zA-Z0-9_]", "_", variable.name)
+                    variable.assign(hvd.broadcast(variable, self.root_rank, name=name,
+                                                  process_set=self.state.process_set))
+            self.pending.assign(False)
+            return tf.constant(True)
+
+        return tf.cond(self.pending.read_value(), broadcast, lambda: tf.constant(False))
+
+
+def broadcast_variables_at_next_reduction(state: Any, root_rank: int = 0,
+                                          variables: Callable[[], Sequence[Any]] | None = None,
+                                          device: str = "", local_variables: Sequence[Any] = ()) -> None:
+    """Give every rank ``root_rank``'s variables inside the state's next reduction, before its maintenance;
+    collective (call it on every rank of the process set, before the step is traced).
+
+    For models Keras builds at their first call (a ``Sequential`` without ``Input``): their weights do not
+    exist before the first step, so they cannot be broadcast before it, and a schedule that prunes at step 0
+    ranks masks on them. Broadcast at the reduction instead, each rank's first gradients (computed from its
+    own initial weights) are averaged and applied to the broadcast weights, and masks are ranked on those:
+    ranks leave the first step identical, as after Horovod's broadcast after the first batch.
+
+    Args:
+        state: a ``PacTrainState``, or an optimizer or tape that has one.
+        root_rank: the rank whose values every rank takes.
+        variables: called at the reduction (when the variables exist), what to broadcast, e.g.
+            ``lambda: model.variables + optimizer.variables``; default: the reduced variables and the
+            optimizer the state was given.
+        device: where the broadcasts run, as Horovod's ``device``.
+        local_variables: variables that stay this rank's (also those registered with ``register_local``).
+
+    Raises:
+        TypeError: ``state`` holds no ``PacTrainState``.
+        ValueError: ``root_rank`` is not an int >= 0.
+    """
+    found = state_of(state)
+    if found is None:
+        raise TypeError(f"broadcast_variables_at_next_reduction needs a PacTrainState, or an optimizer or tape "
+                        f"holding one, got {type(state).__name__}")
+    if isinstance(root_rank, bool) or not isinstance(root_rank, int) or root_rank < 0:
+        raise ValueError(f"root_rank must be a rank (an int >= 0), got {root_rank!r}")
+    if variables is not None and not callable(variables):
+        raise TypeError(f"variables must be a callable returning the variables to broadcast (they may not exist "
+                        f"yet), got {type(variables).__name__}")
+    if not communicates(found.process_set):
+        return
+    local = {backing_variable(variable).ref() for variable in local_variables}
+    request = found._broadcast_request
+    if request is None:
+        found._broadcast_request = _BroadcastAtNextReduction(found, root_rank, variables, device, local)
+    else:  # a step already traced holds this request's flag: raise it again
+        request.root_rank, request.variables, request.device, request.local = root_rank, variables, device, local
+        request.pending.assign(True)

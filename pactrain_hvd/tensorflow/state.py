@@ -51,6 +51,7 @@ from pactrain_hvd.tensorflow.own_masks import sync_tfmot_masks
 from pactrain_hvd.tensorflow.pruning import (
     Pruner,
     backing_variable,
+    build_optimizer,
     optimizer_slots,
     select_prunable,
     variable_names,
@@ -162,6 +163,9 @@ class PacTrainState(HorovodEngine, tf.train.experimental.PythonState):
             **self.config.shared_settings(), "packed_values": packed_values,
             **horovod_settings(op_name, compression, groups, 1, gradient_predivide_factor)})
         self._pending_restore: bytes | None = None
+        self._broadcast_request: Any = None  # see functions.broadcast_variables_at_next_reduction
+        self._zero_in_graph = False  # binding inside a trace: see ``bind``
+        self._zero_due: tf.Variable | None = None  # set when masks were installed at a traced binding
         with tf.init_scope():
             self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="pactrain_step")
             # The first step verifies (every rank makes one); later, the steps ``_maintain`` chooses.
@@ -237,8 +241,15 @@ class PacTrainState(HorovodEngine, tf.train.experimental.PythonState):
         backing = [backing_variable(v) for v in variables]
         new = [(v, b) for v, b in zip(variables, backing) if b.ref() not in self._positions]
         if new:
-            with tf.init_scope():
-                self._register(new)
+            tracing = not tf.executing_eagerly()
+            try:
+                with tf.init_scope():
+                    # Variables a trace creates (a model Keras builds at its first call) hold their values only
+                    # when the traced step runs: masks installed now are applied to them by the step's graph ops.
+                    self._zero_in_graph = tracing and not all(bool(b.is_initialized()) for _, b in new)
+                    self._register(new)
+            finally:
+                self._zero_in_graph = False
         return tuple(self._positions[b.ref()] for b in backing)
 
     def _register(self, new: list[tuple[Any, tf.Variable]]) -> None:
@@ -270,6 +281,31 @@ class PacTrainState(HorovodEngine, tf.train.experimental.PythonState):
             blob, self._pending_restore = self._pending_restore, None
             checkpoint.restore(self, checkpoint.parse(blob))
 
+    @tf.autograph.experimental.do_not_convert
+    def reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
+        """``HorovodEngine.reduce``, after what must come before this step's maintenance: a broadcast asked for
+        by ``broadcast_variables_at_next_reduction`` (variables bound and the optimizer built first, so all
+        exist), then the zeroing of masks installed when a trace bound the variables (see ``bind``)."""
+        bound = len(self._names)
+        shared = [variable for variable in variables if not self.is_local(variable)]
+        self.bind(shared)
+        if len(self._names) > bound:  # as HorovodEngine.reduce would, before anything reads the slots
+            with tf.init_scope():
+                build_optimizer(self.optimizer, variables)
+        before = [] if self._broadcast_request is None else [self._broadcast_request(shared)]
+        if self._zero_due is not None:
+            with tf.control_dependencies(before):
+                before = [tf.cond(self._zero_due.read_value(), self._zero_pruned_once, lambda: tf.constant(False))]
+        if not before:
+            return super().reduce(grads, variables)
+        with tf.control_dependencies(before):
+            return super().reduce(grads, variables)
+
+    def _zero_pruned_once(self) -> tf.Tensor:
+        self._zero_pruned()
+        self._zero_due.assign(False)
+        return tf.constant(True)
+
     # -- maintenance: between steps, eagerly ----------------------------------------------------
     def _install(self, masks: dict[str, np.ndarray], zero_now: bool = True) -> None:
         """New masks and plan (local only); ``zero_now``: zero what they prune, here and now (a
@@ -285,7 +321,11 @@ class PacTrainState(HorovodEngine, tf.train.experimental.PythonState):
             if self._ternary is not None:
                 self._ternary.memory.remap(name, previous, compressor.surviving_indices.numpy(),
                                            compressor.shape.num_elements())
-        if zero_now:
+        if zero_now and self._zero_in_graph:
+            if self._zero_due is None:
+                self._zero_due = tf.Variable(False, trainable=False, name="pactrain_zero_due")
+            self._zero_due.assign(True)
+        elif zero_now:
             self._zero_pruned()
 
     def _packs(self, mask: np.ndarray | None) -> bool:

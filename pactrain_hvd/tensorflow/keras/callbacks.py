@@ -1,22 +1,56 @@
-"""Keras callbacks for PacTrain, for Keras 3 (where Horovod's fail on ``Variable.ref``) and tf-keras 2."""
+"""Horovod's Keras callbacks, working under Keras 3 and tf-keras 2 (``TF_USE_LEGACY_KERAS=1``).
+
+Same names and arguments as ``horovod.tensorflow.keras.callbacks``: ``BroadcastGlobalVariablesCallback``,
+``MetricAverageCallback``, ``LearningRateScheduleCallback``, ``LearningRateWarmupCallback``. A script
+written for Horovod's switches by prefix (``hvd.callbacks.X`` -> ``ptk.callbacks.X``). Horovod 0.28's own
+fail on today's Keras: they take ``get_value`` / ``set_value`` from ``import keras``, which is Keras 3 even
+when the model is tf-keras 2's, and Keras 3's backend has neither; they read ``optimizer.lr`` and call
+``optimizer.variables()`` and ``variable.ref()``, all gone in Keras 3. These work with any Keras
+optimizer, ours or not.
+
+What a Horovod Keras script needs beyond the prefix under Keras 3 is Keras' own change, not ours:
+``compile(experimental_run_tf_function=False)`` is gone (drop the argument), ``optimizer.variables``
+is a list (no call), and Horovod's ops have no XLA kernels, so a GPU ``compile`` needs
+``jit_compile=False`` (Keras 3 defaults to XLA there).
+
+Momentum correction (``momentum_correction=True``) changes the momentum only where the optimizer holds
+it in a variable (tf-keras' legacy optimizers): Keras 3 and tf-keras 2 optimizers hold a Python number,
+a constant of the traced step, so changing it between batches would either do nothing or, before the
+first trace, be kept for the whole run. Those are left alone, with a warning.
+"""
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
 
-from pactrain_hvd.tensorflow.functions import broadcast_masks, state_of
+from pactrain_hvd.tensorflow.functions import broadcast_masks, broadcast_variables_at_next_reduction, state_of
 from pactrain_hvd.tensorflow.pruning import backing_variable, build_optimizer, optimizer_variables
+
+
+def _is_built(model: Any) -> bool:
+    """Whether the model's weights exist (a ``Sequential`` without ``Input`` gets them at its first call)."""
+    return bool(getattr(model, "built", True))
 
 
 class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
     """Broadcast model variables, optimizer variables and PacTrain masks from ``root_rank``.
 
-    Unlike Horovod's callback, which broadcasts after the first batch, this one broadcasts
-    before the first step: masks are computed from the weights, so ranks must start equal. It
-    builds the optimizer first, so its slots exist and travel too.
+    A built model is broadcast before the first step (masks are ranked on the weights, so ranks
+    start equal); the optimizer is built first, so its slots travel too. A model Keras builds at
+    its first batch is broadcast inside that batch's reduction, before masks are ranked
+    (``broadcast_variables_at_next_reduction``); with an optimizer that is not ours, after the
+    first batch, as Horovod's callback does.
+
+    Args:
+        root_rank: the rank whose variables every rank takes.
+        device: where the broadcasts run, as Horovod's.
+        local_variables: a variable or a collection of variables that stay this rank's.
 
     Example::
 
@@ -33,7 +67,17 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
             local_variables = [local_variables]
         self.root_rank = root_rank
         self.device = device
-        self._local = {backing_variable(v).ref() for v in local_variables}
+        self.broadcast_done = False
+        self._local: set[Any] = set()
+        for variable in local_variables:
+            self.register_local_var(variable)
+        self._after_first_batch = False
+
+    def register_local_var(self, var: Any) -> None:
+        """``var`` stays this rank's: not broadcast."""
+        if not hasattr(var, "assign"):
+            raise ValueError(f"local_variables must be variables, got {type(var).__name__}")
+        self._local.add(backing_variable(var).ref())
 
     def _broadcast(self, variables: list[Any]) -> None:
         shared = [backing_variable(v) for v in variables]
@@ -42,20 +86,41 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
             with tf.device(self.device):
                 hvd.broadcast_variables(shared, root_rank=self.root_rank)
 
+    def _everything(self) -> list[Any]:
+        return [*self.model.variables, *optimizer_variables(self.model.optimizer)]
+
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self._broadcast(list(self.model.variables))
+        if self.broadcast_done:
+            return
         optimizer = self.model.optimizer
+        state = state_of(optimizer)
+        if not _is_built(self.model):
+            if state is None:
+                self._after_first_batch = True
+                return
+            broadcast_masks(state, self.root_rank)  # a restored state waits for its variables: root's for all
+            broadcast_variables_at_next_reduction(state, self.root_rank, self._everything, self.device,
+                                                  [v.deref() for v in self._local])
+            self.broadcast_done = True
+            return
+        self._broadcast(list(self.model.variables))
         with tf.init_scope():
             build_optimizer(optimizer, self.model.trainable_variables)
         self._broadcast(optimizer_variables(optimizer))
-        state = state_of(optimizer)
         if state is not None:
             state.bind(self.model.trainable_variables)
             broadcast_masks(state, self.root_rank)
+        self.broadcast_done = True
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self._after_first_batch:
+            self._broadcast(self._everything())
+            self._after_first_batch, self.broadcast_done = False, True
 
 
 class MetricAverageCallback(tf.keras.callbacks.Callback):
-    """Average the epoch's metrics over ranks (as Horovod's, which Keras 3 cannot run).
+    """Average the epoch's metrics over ranks, in place in ``logs``, so later callbacks
+    (``ReduceLROnPlateau``, ``TensorBoard``, ...) see the average: put it before them.
 
     Example::
 
@@ -72,5 +137,177 @@ class MetricAverageCallback(tf.keras.callbacks.Callback):
             return
         with tf.device(self.device):
             for metric in sorted(logs):  # the same order on every rank
-                value = tf.constant(float(logs[metric]), tf.float64)
-                logs[metric] = float(hvd.allreduce(value, op=hvd.Average, name=f"pactrain.metric.{metric}"))
+                value = np.asarray(logs[metric], dtype=np.float64)
+                averaged = hvd.allreduce(tf.constant(value), op=hvd.Average, name=f"pactrain.metric.{metric}").numpy()
+                logs[metric] = float(averaged) if averaged.ndim == 0 else averaged
+
+
+def _learning_rate(optimizer: Any) -> float:
+    return float(np.asarray(_settable_learning_rate(optimizer)))
+
+
+def _settable_learning_rate(optimizer: Any) -> Any:
+    held = getattr(getattr(optimizer, "inner_optimizer", optimizer), "_learning_rate", None)
+    learning_rate = optimizer.learning_rate
+    if isinstance(held, tf.keras.optimizers.schedules.LearningRateSchedule):
+        learning_rate = held
+    if hasattr(learning_rate, "assign") or isinstance(learning_rate, (int, float)):
+        return learning_rate
+    raise ValueError(f"the optimizer's learning rate is a schedule ({type(learning_rate).__name__}): a "
+                     "learning-rate callback needs a number or a variable to set")
+
+
+def _set_learning_rate(optimizer: Any, value: float) -> None:
+    learning_rate = _settable_learning_rate(optimizer)
+    if hasattr(learning_rate, "assign"):
+        learning_rate.assign(value)
+    else:
+        optimizer.learning_rate = value
+
+
+class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
+    """Horovod's: between ``start_epoch`` and ``end_epoch`` (exclusive) the learning rate is
+    ``initial_lr * multiplier``, with ``multiplier`` a number (``multiplier ** (epoch - start_epoch)``)
+    or a function of the epoch; ``staircase=True``: set at each epoch's first batch with an integer
+    epoch, else at every batch with ``epoch + batch / steps_per_epoch`` (autodetected from ``fit``).
+
+    Args:
+        initial_lr: the learning rate at the start of training.
+        multiplier: a number, or a function ``epoch -> factor``.
+        start_epoch: the first epoch adjusted.
+        end_epoch: the first epoch no longer adjusted (None: none).
+        staircase: adjust per epoch (True) or per batch (False).
+        momentum_correction: scale the momentum by new/old learning rate for the batch that changes it
+            (only where the optimizer holds its momentum in a variable; see the module's docstring).
+        steps_per_epoch: batches per epoch, if ``fit`` cannot tell (a dataset of unknown length).
+    """
+
+    def __init__(self, initial_lr: float, multiplier: float | Callable[[float], float], start_epoch: int = 0,
+                 end_epoch: int | None = None, staircase: bool = True, momentum_correction: bool = True,
+                 steps_per_epoch: int | None = None) -> None:
+        super().__init__()
+        if initial_lr is None or isinstance(initial_lr, bool) or not isinstance(initial_lr, (int, float)) \
+                or not np.isfinite(initial_lr) or initial_lr < 0:
+            raise ValueError(f"initial_lr must be a learning rate (a finite number >= 0), got {initial_lr!r}")
+        if isinstance(start_epoch, bool) or not isinstance(start_epoch, int) or start_epoch < 0:
+            raise ValueError(f"start_epoch must be an int >= 0, got {start_epoch!r}")
+        if end_epoch is not None and (isinstance(end_epoch, bool) or not isinstance(end_epoch, int)
+                                      or end_epoch <= start_epoch):
+            raise ValueError(f"end_epoch must be None or an int > start_epoch ({start_epoch}), got {end_epoch!r}")
+        if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int)
+                                            or steps_per_epoch <= 0):
+            raise ValueError(f"steps_per_epoch must be None or an int > 0, got {steps_per_epoch!r}")
+        if not callable(multiplier):
+            if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)):
+                raise ValueError(f"multiplier must be a number or a function of the epoch, got {multiplier!r}")
+            factor = float(multiplier)
+            multiplier = lambda epoch: factor ** (epoch - start_epoch)  # noqa: E731 - Horovod's exponential decay
+        self.initial_lr = float(initial_lr)
+        self.multiplier = multiplier
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = bool(staircase)
+        self.momentum_correction = bool(momentum_correction)
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch: int | None = None
+        self.restore_momentum: Any = None
+        self._warned_momentum = False
+
+    def _autodetect_steps_per_epoch(self) -> int:
+        steps = self.params.get("steps")
+        if steps:
+            return int(steps)
+        if self.params.get("samples") and self.params.get("batch_size"):
+            return self.params["samples"] // self.params["batch_size"]
+        raise ValueError(f"{type(self).__name__}: fit does not know the number of batches per epoch (a dataset of "
+                         "unknown length): pass steps_per_epoch")
+
+    def _momentum_variable(self) -> Any:
+        """The optimizer's momentum if a variable holds it (so a traced step reads the new value), else None."""
+        optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
+        momentum = getattr(optimizer, "momentum", None)
+        if momentum is None or hasattr(momentum, "assign"):
+            return momentum
+        if not momentum:
+            return None  # no momentum to correct
+        if not self._warned_momentum:
+            warnings.warn(f"{type(self).__name__}: momentum_correction skipped: {type(optimizer).__name__} holds its "
+                          "momentum as a Python number, a constant of the traced training step", stacklevel=3)
+            self._warned_momentum = True
+        return None
+
+    def _adjust_learning_rate(self, epoch: float) -> None:
+        optimizer = self.model.optimizer
+        old_lr = _learning_rate(optimizer)
+        new_lr = self.initial_lr * self.multiplier(epoch)
+        _set_learning_rate(optimizer, new_lr)
+        if self.momentum_correction and old_lr > 0:
+            momentum = self._momentum_variable()
+            if momentum is not None:
+                self.restore_momentum = float(np.asarray(momentum))
+                momentum.assign(self.restore_momentum * new_lr / old_lr)
+
+    def _restore_momentum_if_needed(self) -> None:
+        if self.restore_momentum is not None:
+            self._momentum_variable().assign(self.restore_momentum)
+            self.restore_momentum = None
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        _settable_learning_rate(self.model.optimizer)  # a schedule is refused before the first step
+        if not self.staircase and not self.steps_per_epoch:
+            self.steps_per_epoch = self._autodetect_steps_per_epoch()
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.current_epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        if self.current_epoch < self.start_epoch or (self.end_epoch is not None and self.current_epoch >= self.end_epoch):
+            return
+        if self.staircase and batch == 0:
+            self._adjust_learning_rate(self.current_epoch)
+        elif not self.staircase:
+            self._adjust_learning_rate(self.current_epoch + float(batch) / self.steps_per_epoch)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._restore_momentum_if_needed()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if logs is not None:
+            logs["lr"] = _learning_rate(self.model.optimizer)
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Horovod's gradual warm-up ("Accurate, Large Minibatch SGD"): the learning rate goes from
+    ``initial_lr / size`` to ``initial_lr`` over ``warmup_epochs``, per batch.
+
+    Args:
+        initial_lr: the learning rate reached at the end of the warm-up (usually already scaled by size).
+        warmup_epochs: epochs of warm-up.
+        momentum_correction: as ``LearningRateScheduleCallback``'s.
+        steps_per_epoch: batches per epoch, if ``fit`` cannot tell.
+        verbose: 1: rank 0 prints the learning rate reached at the end of the warm-up.
+
+    Example::
+
+        >>> callbacks = [ptk.callbacks.BroadcastGlobalVariablesCallback(0), ptk.callbacks.MetricAverageCallback(),
+        ...              ptk.callbacks.LearningRateWarmupCallback(initial_lr=0.01 * hvd.size(), warmup_epochs=3)]
+    """
+
+    def __init__(self, initial_lr: float, warmup_epochs: int = 5, momentum_correction: bool = True,
+                 steps_per_epoch: int | None = None, verbose: int = 0) -> None:
+        if isinstance(warmup_epochs, bool) or not isinstance(warmup_epochs, int) or warmup_epochs <= 0:
+            raise ValueError(f"warmup_epochs must be an int > 0, got {warmup_epochs!r}")
+
+        def multiplier(epoch: float) -> float:
+            epoch += 1.0 / self.steps_per_epoch  # round numbers at each epoch's end, as Horovod's
+            return 1.0 / hvd.size() * (epoch * (hvd.size() - 1) / warmup_epochs + 1)
+
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs, staircase=False,
+                         momentum_correction=momentum_correction, steps_per_epoch=steps_per_epoch)
+        self.warmup_epochs = warmup_epochs
+        self.verbose = verbose
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.end_epoch - 1 and self.verbose > 0 and hvd.rank() == 0:
+            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {_learning_rate(self.model.optimizer):g}.")
