@@ -205,12 +205,16 @@ def main(kind: str) -> None:
     if kind == "ddp":
         import torch.distributed as dist
 
-        destroy = dist.destroy_process_group
-        dist.destroy_process_group = lambda *a, **k: None  # a snippet's clean-up waits for the check
+        # One process group serves every snippet: a second init is skipped and a snippet's clean-up
+        # waits for the check and the snippets after it (re-creating the group can hang in rendezvous).
+        init, destroy = dist.init_process_group, dist.destroy_process_group
+        dist.init_process_group = lambda *a, **k: None if dist.is_initialized() else init(*a, **k)
+        dist.destroy_process_group = lambda *a, **k: None
         for block in selected:
             result = run(block, check_ddp)
             print(f"ok {block.id} [rank {dist.get_rank()}]: {result}", flush=True)
-            destroy()
+            dist.barrier()
+        destroy()
         return
     check = check_torch if kind == "torch" else check_tensorflow
     for block in selected:
