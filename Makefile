@@ -17,7 +17,9 @@ $(STAMP): scripts/install.sh setup.py
 install:
 	bash scripts/install.sh
 
-# Dense Horovod, then PacTrain, on an emulated 100 Mbit/s link per worker (root), else loopback.
+# Dense Horovod, Horovod with fp16 compression, then PacTrain, on an emulated 100 Mbit/s link per worker
+# (root), else loopback. The table and picture go to demo-output/ (untracked); DEMO_ARGS=--record
+# refreshes the committed record, reports/demo/.
 demo: $(STAMP)
 	$(PY) -m benchmarks.demo.demo $(DEMO_ARGS)
 
@@ -59,4 +61,4 @@ docs: $(STAMP)
 	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html
 
 clean:
-	rm -rf build *.egg-info .pytest_cache .ruff_cache docs/_build
+	rm -rf build *.egg-info .pytest_cache .ruff_cache docs/_build demo-output

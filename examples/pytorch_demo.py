@@ -1,11 +1,12 @@
-"""Two ranks train a small CNN on Fashion-MNIST with PacTrain, or with ``--dense`` plain Horovod.
+"""Two ranks train a small CNN on Fashion-MNIST with PacTrain, or with ``--dense`` plain Horovod
+(``--dense --fp16``: with ``hvd.Compression.fp16``).
 
 A plain Horovod training script; the only PacTrain line is the optimizer. Rank 0 prints the
 test accuracy every ``--eval-every`` steps and, with ``--result-json``, writes the curve and the
-throughput. ``make demo`` (``python -m benchmarks.demo.demo``) runs it both ways, side by
-side, on an emulated 100 Mbit/s link per worker; by hand:
+throughput. ``make demo`` (``python -m benchmarks.demo.demo``) runs it three ways (dense,
+dense with fp16, PacTrain), side by side, on an emulated 100 Mbit/s link per worker; by hand:
 
-    horovodrun -np 2 -H localhost:2 --gloo python examples/pytorch_demo.py [--dense]
+    horovodrun -np 2 -H localhost:2 --gloo python examples/pytorch_demo.py [--dense [--fp16]]
 """
 
 import argparse
@@ -81,7 +82,7 @@ def test_accuracy() -> float:
     return hvd.allreduce(correct.float(), op=hvd.Sum, name="test_correct").item() / args.test_samples
 
 
-label = "dense Horovod" if args.dense else f"PacTrain {args.sparsity:g}"
+label = ("Horovod fp16" if args.fp16 else "dense Horovod") if args.dense else f"PacTrain {args.sparsity:g}"
 if hvd.rank() == 0:
     print(f"{label}: {hvd.size()} workers, {sum(p.numel() for p in model.parameters()):,} parameters, "
           f"{args.steps} steps of {args.batch_size} per worker", flush=True)

@@ -33,7 +33,7 @@ run() {
 
 run lint lint "$VENV/bin/ruff" check .
 run unit unit "$PY" -m pytest "${PYTEST[@]}" tests/unit
-run docs "docs (links, API coverage, sphinx-build -W)" "$PY" -m pytest "${PYTEST[@]}" tests/docs
+run docs "docs (links, API coverage, sphinx-build -W, snippets x2)" "$PY" -m pytest "${PYTEST[@]}" -rs tests/docs
 # TF log level 3 for PyTorch ranks: horovodrun's build check imports TensorFlow, whose start-up logs three
 # harmless "Unable to register cuFFT/cuDNN/cuBLAS factory" errors even at level 2.
 run torch "torch x2 (gloo)" env HOROVOD_DYNAMIC_PROCESS_SETS=1 TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/horovodrun" -np 2 -H localhost:2 --gloo \

@@ -1,14 +1,16 @@
-"""``make demo``: the same small training twice, dense Horovod and PacTrain, side by side.
+"""``make demo``: the same small training three times, dense Horovod, Horovod's fp16 compression and PacTrain.
 
-    python -m benchmarks.demo.demo              # what `make demo` runs
+    python -m benchmarks.demo.demo              # what `make demo` runs: output under demo-output/
     python -m benchmarks.demo.demo --loopback   # no link emulation, even as root
+    python -m benchmarks.demo.demo --record     # refresh the committed record, reports/demo/
 
-Both runs are ``examples/pytorch_demo.py`` on 2 workers (``--dense``: ``hvd.DistributedOptimizer``;
-else ``pt.DistributedOptimizer``), started the way the benchmark starts its cells: as root, each
-rank in its own network namespace behind an emulated 100 Mbit/s NIC (``links.py``); otherwise
-on loopback, unshaped, which it says. Rank 0's output passes through. It ends with a table
-(samples/s, MB per step, test accuracy, wall time) and a PNG of test accuracy against training
-time, written with the table under ``--out``.
+Every run is ``examples/pytorch_demo.py`` on 2 workers (``--dense``: ``hvd.DistributedOptimizer``;
+``--dense --fp16``: the same with ``compression=hvd.Compression.fp16``; else ``pt.DistributedOptimizer``),
+started the way the benchmark starts its cells: as root, each rank in its own network namespace
+behind an emulated 100 Mbit/s NIC (``links.py``); otherwise on loopback, unshaped, which it says.
+Rank 0's output passes through. It ends with a table (samples/s, MB per step, test accuracy, wall
+time) and a PNG of test accuracy against training time, written with the table under ``--out``
+(default ``demo-output/``, not tracked by git).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def aligned_table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def results_table(runs: list[DemoRun]) -> str:
-    """The five-second table, then one line comparing PacTrain (the last run) with dense (the first)."""
+    """The five-second table, then PacTrain (the last run) against dense (the first) and against fp16 (a middle one)."""
     bytes_header = "MB/step on the NIC" if runs[0].nic_tx_bytes_per_step is not None else "MB/step (estimated)"
     rows = [[run.title, f"{run.result['samples_per_s']:.0f}", f"{run.mb_per_step:.2f}",
              f"{run.result['test_accuracy']:.3f}", f"{run.wall_s:.0f} s"] for run in runs]
@@ -69,6 +71,9 @@ def results_table(runs: list[DemoRun]) -> str:
     verdict = (f"PacTrain: {packed.result['samples_per_s'] / dense.result['samples_per_s']:.1f}x the samples/s of "
                f"dense Horovod, {dense.mb_per_step / packed.mb_per_step:.1f}x fewer bytes per step, test accuracy "
                f"{100 * (packed.result['test_accuracy'] - dense.result['test_accuracy']):+.1f} points.")
+    for fp16 in [run for run in runs[1:-1] if "fp16" in run.title]:
+        verdict += (f" Against {fp16.title}: {packed.result['samples_per_s'] / fp16.result['samples_per_s']:.1f}x the "
+                    f"samples/s, {fp16.mb_per_step / packed.mb_per_step:.1f}x fewer bytes per step.")
     return f"{table}\n\n{verdict}"
 
 
@@ -133,7 +138,7 @@ def say(message: str) -> None:
 def train(run: DemoRun, topology: Topology | Loopback, processes: Processes, args: argparse.Namespace,
           workdir: Path) -> None:
     """One training on every rank; fills in ``run``'s result, wall time and NIC bytes."""
-    out = workdir / f"{run.title.split()[0].lower()}.json"
+    out = workdir / f"{run.title.replace(' ', '-').replace('+', '').lower()}.json"
     nic = isinstance(topology, Topology)
     before = [topology.counters(rank) for rank in range(WORKERS)] if nic else []
     started = time.monotonic()
@@ -155,8 +160,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--loopback", action="store_true", help="run on loopback even where links can be emulated")
     parser.add_argument("--steps", type=int, default=90, help="training steps per run")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before a run is abandoned")
-    parser.add_argument("--out", type=Path, default=REPO / "reports" / "demo")
-    return parser.parse_args(argv)
+    parser.add_argument("--out", type=Path, default=REPO / "demo-output", help="where the table and picture go")
+    parser.add_argument("--record", action="store_true", help="write the committed record, reports/demo/, instead")
+    args = parser.parse_args(argv)
+    if args.record:
+        args.out = REPO / "reports" / "demo"
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,9 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     skipped = "--loopback" if args.loopback else namespaces_unavailable()
     topology = Loopback(WORKERS) if skipped else Topology(WORKERS)
-    runs = [DemoRun("dense Horovod", ["--dense"]), DemoRun("PacTrain 0.9", ["--sparsity", "0.9"])]
-    say(f"PacTrain demo: Fashion-MNIST, {WORKERS} workers, {args.steps} steps, trained twice: "
-        f"{runs[0].title} (hvd.DistributedOptimizer), then {runs[1].title} (pt.DistributedOptimizer).")
+    runs = [DemoRun("dense Horovod", ["--dense"]), DemoRun("Horovod fp16", ["--dense", "--fp16"]),
+            DemoRun("PacTrain 0.9", ["--sparsity", "0.9"])]
+    say(f"PacTrain demo: Fashion-MNIST, {WORKERS} workers, {args.steps} steps, trained {len(runs)} times: "
+        f"{runs[0].title} (hvd.DistributedOptimizer), {runs[1].title} (compression=hvd.Compression.fp16), "
+        f"then {runs[2].title} (pt.DistributedOptimizer).")
     if skipped:
         where = "loopback, unshaped"
         say(f"Link: loopback, unshaped. Skipped: the emulated {rate} link per worker ({skipped}). Loopback is "
@@ -194,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(topology, Topology):
                 topology.teardown()
     table, picture = write_outputs(runs, where, args.out)
-    say(f"\n== dense Horovod against PacTrain, {where}\n\n{table}\n")
+    say(f"\n== dense Horovod, Horovod fp16 and PacTrain, {where}\n\n{table}\n")
     say(f"Picture (test accuracy against training time): {picture}" if picture else
         "Picture skipped: matplotlib is not installed (pip install matplotlib)")
     say(f"Demo took {time.monotonic() - started:.0f} s.")

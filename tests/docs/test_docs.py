@@ -90,3 +90,15 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
     warnings = [line for line in result.stderr.splitlines() if "WARNING" in line and "absl::InitializeLog" not in line]
     assert result.returncode == 0 and not warnings, "\n".join(warnings) or result.stderr[-4000:]
     assert (tmp_path / "html" / "api" / "torch.html").is_file()
+
+
+def test_setup_says_what_an_index_page_shows():
+    result = subprocess.run([sys.executable, "setup.py", "-q", "--classifiers", "--license"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    classifiers = result.stdout.splitlines()
+    assert "License :: OSI Approved :: Apache Software License" in classifiers and "Apache-2.0" in classifiers
+    assert any(c.startswith("Programming Language :: Python :: 3.") for c in classifiers)
+    setup_py = (ROOT / "setup.py").read_text(encoding="utf-8")
+    assert "python_requires=" in setup_py and '"horovod>=0.28.1,<0.29"' in setup_py
+    assert not re.search(r"example\.(com|org)|TODO|FIXME", setup_py), "a placeholder in setup.py"

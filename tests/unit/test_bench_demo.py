@@ -68,3 +68,18 @@ def test_write_outputs_puts_table_notes_and_picture_side_by_side(tmp_path):
     assert markdown.endswith("![test accuracy against training time](demo.png)\n")
     saved = json.loads((tmp_path / "demo" / "results.json").read_text())
     assert [run["mb_per_step"] for run in saved["runs"]] == pytest.approx([6.9, 1.3])
+
+
+def test_the_table_compares_pactrain_with_horovod_fp16_too():
+    runs = [made_up("dense Horovod", 200, 0.85, 6e6, nic=7.0e6), made_up("Horovod fp16", 350, 0.85, 3e6, nic=3.5e6),
+            made_up("PacTrain 0.9", 800, 0.84, 1.2e6, nic=1.4e6)]
+    table = results_table(runs)
+    assert [line.split("|")[1].strip() for line in table.splitlines()[2:5]] == ["dense Horovod", "Horovod fp16", "PacTrain 0.9"]
+    assert table.endswith("Against Horovod fp16: 2.3x the samples/s, 2.5x fewer bytes per step.")
+
+
+def test_the_demo_writes_to_an_untracked_folder_unless_asked_to_record():
+    from benchmarks.demo.demo import REPO, parse_args
+
+    assert parse_args([]).out == REPO / "demo-output"
+    assert parse_args(["--record"]).out == REPO / "reports" / "demo"
