@@ -15,7 +15,7 @@ from pactrain_hvd.core.plan import DEFAULT_MAX_DENSITY, DEFAULT_MIN_NUMEL
 from pactrain_hvd.core.schedule import DEFAULT_SPARSITY, PolynomialSchedule, schedule_settings, schedule_steps
 
 # Re-proving masks costs one small allgather plus a hash of the surviving positions; every
-# 100 steps it stays far below 1 % of training time (README, "What packing costs", "Mask Tracker": 0.01 % on ResNet-18).
+# 100 steps it stays far below 1 % of training time (docs/performance.md, "The Mask Tracker's cost").
 DEFAULT_VERIFY_EVERY = 100
 REDUCE_OPS = ("Average", "Sum", "Min", "Max")  # what packing supports: each survivor reduced on its own
 _OTHER_REDUCE_OPS = ("Adasum", "Product")

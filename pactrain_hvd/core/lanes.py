@@ -81,10 +81,10 @@ def local_scale(values: np.ndarray) -> np.float32:
     Not TernGrad's max: a value ``v`` under the scale ``s`` arrives as ``s`` or 0, so its square has
     mean ``s * |v|``, and Adam divides by that. At the max of a heavy-tailed gradient the second
     moment of nearly every coordinate is inflated many times (the char-GPT with AdamW lost 46 %
-    perplexity against fp16 values; README, "Accuracy"). At a small multiple of the mean most values
+    perplexity against fp16 values; reports/accuracy/ternary-mean-scale). At a small multiple of the mean most values
     fall under ``s`` and are rounded without bias; the few beyond it are sent as ``sign * s`` and the
-    error memory carries the rest to later steps. The factor 2 was chosen, not swept: README,
-    "Accuracy against dense training", has what it measured on both workloads.
+    error memory carries the rest to later steps. The factor 2 was chosen, not swept:
+    reports/accuracy/ternary-mean-scale has what it measured on both workloads.
     """
     values = np.abs(np.asarray(values, dtype=np.float32))
     return np.float32(SCALE_OVER_MEAN) * values.mean(dtype=np.float32) if values.size else np.float32(0)

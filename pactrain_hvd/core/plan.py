@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 # From `python -m benchmarks.micro.micro_pack --plan-sweep --gbits 1` on the 2-core dev CPU
-# (README): pack+unpack costs ~25 us per tensor plus ~4 ns per element; on a 1 Gbit/s link it
+# (docs/how-it-works.md): pack+unpack costs ~25 us per tensor plus ~4 ns per element; on a 1 Gbit/s link it
 # is repaid from 4096 elements at density <= 0.5 and from 16k elements at density <= 0.75,
 # never at density 0.9. Faster links raise both bounds (pass pack_min_numel / pack_max_density).
 DEFAULT_MIN_NUMEL = 4096
