@@ -2,7 +2,8 @@
 
 Targets, per cell: dense fp16's final metric less 0.5 pp of accuracy (or 1 % more perplexity; a part
 without an fp16 run takes fp16's final from another part's record, ``tta --reference``), and a
-lower one that every method reaches (the worst final metric, if below the first). *At
+lower one that every method which did all its steps reaches (the worst final metric of those runs, if
+below the first; a run a wall-clock budget stopped does not set it). *At
 budget*: each method's metric at the training time of the fastest run, the same wall clock for
 all (dense has done fewer steps by then). Training time excludes evaluation. *x bound* is a run's
 throughput over the concurrent compute bound; *last third* the same from the median step time of
@@ -123,9 +124,11 @@ def steps_bound(row_run: dict, cell: dict, target: float, metric: str) -> float 
 def targets(cell: dict, reference: float) -> tuple[float, float]:
     """The first target (the final metric ``reference_final`` chose, loosened) and the lower one."""
     runs, metric = cell["runs"], next(iter(cell["runs"].values()))["metric"]
-    finals = [run["curve"][-1][2] for run in runs.values()]
+    # a run a wall-clock budget stopped does not set the lower target (its final is where the budget cut it)
+    finals = [run["curve"][-1][2] for run in runs.values() if completed(run, cell)] or [
+        run["curve"][-1][2] for run in runs.values()]
     first = loosen(reference, metric)
-    # every method reaches the lower one; never above the first (a budget can leave fp16 the worst)
+    # every complete run reaches the lower one; never above the first
     return first, (min(*finals, first) if higher_is_better(metric) else max(*finals, first))
 
 
