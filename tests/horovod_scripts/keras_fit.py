@@ -11,6 +11,7 @@ import tempfile
 import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
+from mnist import build_mnist_model, synthetic_mnist
 
 import pactrain_hvd.tensorflow.keras as ptk
 from pactrain_hvd.tensorflow.pruning import optimizer_variables
@@ -25,22 +26,9 @@ for gpu in gpus:
 if gpus:
     tf.config.experimental.set_visible_devices(gpus[hvd.local_rank()], "GPU")
 
-# Each rank its own shard of a small synthetic "MNIST".
-rng = np.random.default_rng(hvd.rank())
-images = rng.normal(size=(256, 12, 12, 1)).astype(np.float32)
-labels = rng.integers(0, 10, size=256)
-dataset = tf.data.Dataset.from_tensor_slices((images, labels)).repeat().shuffle(256, seed=hvd.rank()).batch(16)
-
-mnist_model = tf.keras.Sequential([
-    tf.keras.layers.Conv2D(8, [3, 3], activation="relu"),
-    tf.keras.layers.Conv2D(16, [3, 3], activation="relu"),
-    tf.keras.layers.MaxPooling2D(pool_size=(2, 2)),
-    tf.keras.layers.Dropout(0.25),
-    tf.keras.layers.Flatten(),
-    tf.keras.layers.Dense(32, activation="relu"),
-    tf.keras.layers.Dropout(0.5),
-    tf.keras.layers.Dense(10, activation="softmax"),
-])
+# Each rank its own shard of a small synthetic "MNIST"; the model is built by its first batch.
+dataset = synthetic_mnist(hvd.rank())
+mnist_model = build_mnist_model()
 
 # Horovod: adjust learning rate based on number of GPUs.
 scaled_lr = 0.001 * hvd.size()

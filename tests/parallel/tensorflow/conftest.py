@@ -110,6 +110,18 @@ def horovod_idiom_step(model, opt, wrap):
     return step, tapes
 
 
+def counting_verifications(state) -> list:
+    """The schedule steps at which ``state`` ran the Mask Tracker."""
+    steps, verify = [], state._pruner.verify
+
+    def counted(step, *args, **kwargs):
+        steps.append(step)
+        return verify(step, *args, **kwargs)
+
+    state._pruner.verify = counted
+    return steps
+
+
 def named(variables) -> dict:
     """``{name: tf.Variable}`` under the names PacTrain uses (Keras 3 paths or TF names)."""
     return dict(zip(variable_names(variables), (backing_variable(v) for v in variables)))

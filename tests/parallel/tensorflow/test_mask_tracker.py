@@ -9,7 +9,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_same_on_all_ranks, batch, keras, loss_fn, make_model, named
+from conftest import assert_same_on_all_ranks, batch, counting_verifications, keras, loss_fn, make_model, named
 
 import pactrain_hvd.tensorflow as pt
 import pactrain_hvd.tensorflow.keras as ptk
@@ -20,18 +20,6 @@ def eager_step(model, state, number):
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
     return pt.DistributedGradientTape(tape, state=state).gradient(loss, model.trainable_variables)
-
-
-def counting_verifications(state) -> list:
-    """The schedule steps at which ``state`` ran the Mask Tracker."""
-    steps, verify = [], state._pruner.verify
-
-    def counted(step, *args, **kwargs):
-        steps.append(step)
-        return verify(step, *args, **kwargs)
-
-    state._pruner.verify = counted
-    return steps
 
 
 def test_verification_steps_are_the_ones_every_rank_knows_of():

@@ -4,22 +4,21 @@ proved equal at step 0 (Mask Tracker) and ranked on the weights the root broadca
 import horovod.tensorflow as hvd
 import numpy as np
 import pytest
-from conftest import assert_same_on_all_ranks, batch, compiled, fit, keras, make_model, named, tape_step
+from conftest import (
+    assert_same_on_all_ranks,
+    batch,
+    compiled,
+    counting_verifications,
+    fit,
+    keras,
+    make_model,
+    named,
+    tape_step,
+)
 
 import pactrain_hvd.tensorflow as pt
 import pactrain_hvd.tensorflow.keras as ptk
 from pactrain_hvd.core import magnitude_masks, num_to_keep
-
-
-def counting_verifications(state) -> list:
-    steps, verify = [], state._pruner.verify
-
-    def counted(step, *args, **kwargs):
-        steps.append(step)
-        return verify(step, *args, **kwargs)
-
-    state._pruner.verify = counted
-    return steps
 
 
 def assert_packed(state, masks, kept=None, value_bytes=4):
