@@ -1,0 +1,106 @@
+"""The methods the planner compares, by name, and what their names mean.
+
+Names follow the repository's benchmark (so that its records' curves match them):
+
+- ``dense``: fp32 gradients, Horovod's ring all-reduce.
+- ``fp16``: the same in fp16 (``hvd.Compression.fp16``).
+- ``topk`` (1 %) or ``topk-0.001`` (0.1 %): each worker's largest ``k`` coordinates with error feedback,
+  values (fp32) and indices (int32) allgathered; tensors under 4,096 elements all-reduced whole.
+- ``powersgd`` (rank 4) or ``powersgd-r8``: a rank-``r`` factorisation ``P Q^T`` of every matrix-shaped
+  gradient (rows = first dimension), all-reduced in two rounds (``P``, then ``Q``), error feedback.
+- ``pactrain-0.9`` (fp32 packed values), ``pactrain-0.9-fp16``, ``pactrain-0.9-bf16``,
+  ``pactrain-0.9-ternary``: PacTrain at sparsity 0.9; the suffix is the value encoding
+  (``packed_values``, ``pactrain_hvd.core.encodings``). Tensors the plan keeps dense travel fp32 with fp32
+  values and fp16 otherwise (``compression=hvd.Compression.fp16``), as the repository's benchmark runs them.
+
+Accuracy per step, and so a measured accuracy curve, does not depend on the number of workers where the
+method reduces a linear function of the summed gradient at a fixed global batch: ``dense``, ``fp16`` (up
+to rounding), PacTrain with fp32/fp16/bf16 values (the mask is shared, so the packed sum is the sum of
+the packed gradients), and PowerSGD approximately (its ``P`` and ``Q`` are computed from the summed
+gradient's projections, but the error memory is per worker). Top-k and ternary values carry per-worker
+state (each worker's own top-k set and error memory; each worker's rounding noise), so a curve measured
+on ``m`` workers holds for ``m`` workers only: ``Method.curve_portable`` says which.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pactrain_hvd.core.encodings import ENCODINGS
+
+KINDS = ("dense", "fp16", "topk", "powersgd", "pactrain")
+VALUES = ("fp32", "fp16", "bf16", "ternary")
+DEFAULT_TOPK_DENSITY = 0.01
+DEFAULT_POWERSGD_RANK = 4
+DEFAULT_METHODS = ("dense", "fp16", "topk", "topk-0.001", "powersgd", "pactrain-0.9", "pactrain-0.9-fp16",
+                   "pactrain-0.95-fp16", "pactrain-0.95-ternary", "pactrain-0.98-ternary")
+# the planner's value names -> the library's packed_values= (fp32 values: "inherit" with no compression)
+PACKED_VALUES = {"fp32": "inherit", "fp16": "fp16", "bf16": "bf16", "ternary": "ternary"}
+
+
+@dataclass(frozen=True)
+class Method:
+    """One way to reduce gradients. ``values``: how PacTrain's packed values travel."""
+
+    name: str
+    kind: str
+    sparsity: float = 0.0
+    values: str = "fp32"
+    density: float = DEFAULT_TOPK_DENSITY
+    rank: int = DEFAULT_POWERSGD_RANK
+
+    @property
+    def packed_values(self) -> str:
+        """The ``packed_values=`` argument of ``pt.DistributedOptimizer`` this method stands for."""
+        encoding = PACKED_VALUES[self.values]
+        assert encoding in ENCODINGS, encoding
+        return encoding
+
+    @property
+    def curve_portable(self) -> bool:
+        """Whether a curve measured on some number of workers holds on another (module docstring)."""
+        return self.kind in ("dense", "fp16", "powersgd") or (self.kind == "pactrain" and self.values != "ternary")
+
+    def describe(self) -> str:
+        if self.kind == "dense":
+            return "fp32 all-reduce"
+        if self.kind == "fp16":
+            return "fp16 all-reduce"
+        if self.kind == "topk":
+            return f"Top-k {self.density:.3g} (allgather)"
+        if self.kind == "powersgd":
+            return f"PowerSGD rank {self.rank}"
+        return f"PacTrain {self.sparsity:g}, {self.values} values"
+
+
+def parse_method(name: str) -> Method:
+    """``"pactrain-0.9-fp16"`` -> ``Method(kind="pactrain", sparsity=0.9, values="fp16")``; a clear error otherwise.
+
+    A benchmark record's pruning-window suffix (``-w0-0.3``, ``-ramp50``) is ignored: it changes when the
+    masks arrive, not the steady state the planner predicts.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"a method name must be a string, got {type(name).__name__}")
+    if name in ("dense", "fp16"):
+        return Method(name, name)
+    if match := re.fullmatch(r"topk(?:-(\d*\.?\d+))?", name):
+        density = float(match.group(1)) if match.group(1) else DEFAULT_TOPK_DENSITY
+        if not 0 < density <= 1:
+            raise ValueError(f"method {name!r}: Top-k density must be in (0, 1]")
+        return Method(name, "topk", density=density)
+    if match := re.fullmatch(r"powersgd(?:-r(\d+))?", name):
+        rank = int(match.group(1)) if match.group(1) else DEFAULT_POWERSGD_RANK
+        if rank < 1:
+            raise ValueError(f"method {name!r}: PowerSGD rank must be >= 1")
+        return Method(name, "powersgd", rank=rank)
+    pattern = r"pactrain-(\d*\.?\d+)(?:-(fp16|bf16|ternary|fp32))?(?:-w\d*\.?\d+-\d*\.?\d+|-ramp\d+)?"
+    if match := re.fullmatch(pattern, name):
+        sparsity = float(match.group(1))
+        if not 0 <= sparsity < 1:
+            raise ValueError(f"method {name!r}: sparsity must be in [0, 1)")
+        values = match.group(2) or "fp32"
+        return Method(f"pactrain-{match.group(1)}" + (f"-{values}" if values != "fp32" else ""), "pactrain",
+                      sparsity=sparsity, values=values)
+    raise ValueError(f"unknown method {name!r}: use dense, fp16, topk[-DENSITY], powersgd[-rRANK] or "
+                     f"pactrain-SPARSITY[-{'|-'.join(VALUES[1:])}]")

@@ -1,0 +1,86 @@
+"""A model's trainable parameter shapes, without allocating it: built on torch's ``meta`` device.
+
+``--model`` takes ``package.module:callable`` or ``path/to/file.py:callable`` (a function or class that
+returns a ``torch.nn.Module`` when called with no arguments), or a name that torchvision
+(``torchvision.models.get_model``) or timm (``timm.create_model``) knows, where that package is installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from pactrain_hvd.planner.payload import Tensor
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise ValueError("--model needs torch to build the model (pip install torch)") from None
+    return torch
+
+
+def _load_callable(spec: str):
+    where, _, attribute = spec.rpartition(":")
+    if where.endswith(".py"):
+        path = Path(where)
+        if not path.is_file():
+            raise ValueError(f"--model {spec!r}: no such file {where}")
+        name = f"_pactrain_plan_{path.stem}"
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as error:
+            raise ValueError(f"--model {spec!r}: cannot import {where!r} ({error})") from None
+    try:
+        return getattr(module, attribute)
+    except AttributeError:
+        raise ValueError(f"--model {spec!r}: {where} has no attribute {attribute!r}") from None
+
+
+def _from_zoo(name: str) -> Any:
+    errors = []
+    try:
+        import torchvision
+        return torchvision.models.get_model(name)
+    except ImportError:
+        errors.append("torchvision is not installed")
+    except ValueError as error:
+        errors.append(f"torchvision: {error}")
+    try:
+        import timm
+        return timm.create_model(name, pretrained=False)
+    except ImportError:
+        errors.append("timm is not installed")
+    except RuntimeError as error:
+        errors.append(f"timm: {error}")
+    raise ValueError(f"--model {name!r}: not MODULE:CALLABLE and not a model name torchvision or timm knows "
+                     f"({'; '.join(errors)})")
+
+
+def build_model(spec: str, device: str = "meta") -> Any:
+    """The ``torch.nn.Module`` that ``spec`` names, its parameters on ``device`` (``meta``: shapes only)."""
+    torch = _torch()
+    if not spec:
+        raise ValueError("--model is empty: give MODULE:CALLABLE, FILE.py:CALLABLE or a torchvision/timm name")
+    with torch.device(device):
+        model = _load_callable(spec)() if ":" in spec else _from_zoo(spec)
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"--model {spec!r} returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def model_tensors(model: Any) -> list[Tensor]:
+    """The trainable parameters of ``model`` in registration order (backward reaches them in reverse)."""
+    tensors = [Tensor(name, tuple(int(d) for d in p.shape)) for name, p in model.named_parameters() if p.requires_grad]
+    if not tensors:
+        raise ValueError("--model has no trainable parameters")
+    return tensors

@@ -1,0 +1,159 @@
+"""Bytes a worker hands the collectives per step, per method, from the model's parameter shapes.
+
+The same rules the library and the repository's benchmark apply:
+
+- **dense / fp16**: every gradient, 4 or 2 bytes an element, all-reduced.
+- **Top-k** (``k = ceil(density * numel)``): values (fp32) and indices (int32) allgathered, ``8 k`` bytes
+  from every worker; tensors under ``pactrain_hvd.core.plan.DEFAULT_MIN_NUMEL`` elements all-reduced whole.
+- **PowerSGD rank r**: a tensor of >= 2 dimensions viewed as ``rows x cols`` (rows = first dimension)
+  with ``rows cols >= DEFAULT_MIN_NUMEL`` and ``2 r (rows + cols) <= rows cols`` sends ``P`` (``r rows``) then
+  ``Q`` (``r cols``) in fp32; the rest travels whole with ``P``.
+- **PacTrain**: prunable tensors are those of >= 2 dimensions (the library's default); each keeps
+  ``num_to_keep(numel, share)`` at its Erdős-Rényi-Kernel share of the sparsity (``core.masks.erk_sparsities``,
+  the library's default ranking) or at the sparsity itself (``ranking="layer"``). ``core.plan.should_pack``
+  decides whether a tensor travels packed; otherwise it goes whole. Packed fp32/fp16/bf16 values cost 4/2/2
+  bytes each; ternary codes go ``core.lanes.ternary_layout(n).lanes`` to an int32 word plus one fp32 scale
+  per tensor (``core.lanes.SCALE_BYTES``, a MAX all-reduce), or fp16 where lanes do not fit (n > 256).
+  Whole tensors travel fp32 with fp32 values, fp16 otherwise (``compression=hvd.Compression.fp16``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pactrain_hvd.core.lanes import SCALE_BYTES, ternary_layout
+from pactrain_hvd.core.masks import erk_sparsities, num_to_keep
+from pactrain_hvd.core.plan import DEFAULT_MAX_DENSITY, DEFAULT_MIN_NUMEL, should_pack
+from pactrain_hvd.planner.methods import Method
+from pactrain_hvd.planner.step_model import ALLGATHER, ALLREDUCE, Transfer
+
+ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+WIRE_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One trainable parameter: its name, shape, and the fraction of backward done when its gradient is ready."""
+
+    name: str
+    shape: tuple[int, ...]
+    ready_fraction: float | None = None
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def with_ready_fractions(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """Fill in missing ready fractions: backward reaches parameters in reverse order, at a pace proportional
+    to their elements (an assumption; a measured backward, as the repository's profile takes, is better)."""
+    total = sum(t.numel for t in tensors) or 1
+    out, done = [], 0
+    for tensor in reversed(list(tensors)):
+        done += tensor.numel
+        out.append(tensor if tensor.ready_fraction is not None else
+                   Tensor(tensor.name, tuple(tensor.shape), done / total))
+    return list(reversed(out))
+
+
+@dataclass
+class Traffic:
+    """What a method hands the collectives in one step: transfers started from the gradient hooks, and
+    blocking rounds after backward (PowerSGD's ``P`` then ``Q``)."""
+
+    hooked: list[Transfer] = field(default_factory=list)
+    rounds: list[tuple[tuple[int, str, str], ...]] = field(default_factory=list)  # (nbytes, collective, dtype)
+
+    def _all(self) -> list[tuple[int, str]]:
+        return [(t.nbytes, t.kind) for t in self.hooked] + [(b, k) for r in self.rounds for b, k, _ in r]
+
+    @property
+    def allreduce_bytes(self) -> int:
+        return sum(b for b, kind in self._all() if kind == ALLREDUCE)
+
+    @property
+    def allgather_bytes(self) -> int:
+        return sum(b for b, kind in self._all() if kind == ALLGATHER)
+
+    @property
+    def handed_bytes(self) -> int:
+        """Bytes handed to Horovod per step (each worker's own contribution)."""
+        return self.allreduce_bytes + self.allgather_bytes
+
+    def sent_bytes(self, world_size: int) -> float:
+        """Bytes one worker sends per step over rings of ``world_size``: ``2 (n-1)/n`` of the all-reduced
+        bytes (which stay under twice the buffer however many join) and ``n - 1`` times the allgathered ones."""
+        n = world_size
+        return 0.0 if n <= 1 else 2 * (n - 1) / n * self.allreduce_bytes + (n - 1) * self.allgather_bytes
+
+
+def pactrain_kept(method: Method, tensors: Sequence[Tensor], ranking: str = "erk") -> dict[str, int]:
+    """Survivors per prunable tensor (>= 2 dimensions) at the method's sparsity, as the library's masks keep."""
+    prunable = {t.name: tuple(t.shape) for t in tensors if len(t.shape) >= 2}
+    if ranking == "erk":
+        shares = erk_sparsities(prunable, method.sparsity)
+    elif ranking == "layer":
+        shares = {name: method.sparsity for name in prunable}
+    else:
+        raise ValueError(f"ranking must be 'erk' or 'layer', got {ranking!r}")
+    return {name: num_to_keep(math.prod(shape), shares[name]) for name, shape in prunable.items()}
+
+
+def traffic(method: Method, tensors: Sequence[Tensor], world_size: int, ranking: str = "erk",
+            min_numel: int = DEFAULT_MIN_NUMEL, max_density: float = DEFAULT_MAX_DENSITY) -> Traffic:
+    """``method``'s transfers for one step of a model with these parameters on ``world_size`` workers."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    tensors = with_ready_fractions(tensors)
+    out = Traffic()
+    if method.kind in ("dense", "fp16"):
+        element = 2 if method.kind == "fp16" else 4
+        dtype = "float16" if element == 2 else "float32"
+        out.hooked = [Transfer(t.ready_fraction, element * t.numel, ALLREDUCE, dtype) for t in tensors]
+    elif method.kind == "topk":
+        for t in tensors:
+            if t.numel < DEFAULT_MIN_NUMEL:
+                out.hooked.append(Transfer(t.ready_fraction, 4 * t.numel))
+            else:
+                k = max(1, math.ceil(method.density * t.numel))
+                out.hooked += [Transfer(t.ready_fraction, 4 * k, ALLGATHER, "float32"),
+                               Transfer(t.ready_fraction, 4 * k, ALLGATHER, "int32")]
+    elif method.kind == "powersgd":
+        p = q = whole = 0
+        for t in tensors:
+            rows = t.shape[0] if t.shape else 1
+            cols = t.numel // max(rows, 1)
+            if len(t.shape) >= 2 and rows * cols >= DEFAULT_MIN_NUMEL and 2 * method.rank * (rows + cols) <= rows * cols:
+                p, q = p + 4 * method.rank * rows, q + 4 * method.rank * cols
+            else:
+                whole += 4 * t.numel
+        out.rounds = [((p + whole, ALLREDUCE, "float32"),), ((q, ALLREDUCE, "float32"),)]
+    elif method.kind == "pactrain":
+        out.hooked = _pactrain(method, tensors, world_size, ranking, min_numel, max_density)
+    else:
+        raise ValueError(f"no traffic model for method kind {method.kind!r}")
+    return out
+
+
+def _pactrain(method: Method, tensors: list[Tensor], world_size: int, ranking: str, min_numel: int,
+              max_density: float) -> list[Transfer]:
+    kept = pactrain_kept(method, tensors, ranking)
+    layout = ternary_layout(world_size) if method.values == "ternary" else None
+    packed_values = "fp16" if method.values == "ternary" else method.values  # ternary without lanes: fp16
+    whole_values = "fp32" if method.values == "fp32" else "fp16"
+    hooked = []
+    for t in tensors:
+        survivors = kept.get(t.name, t.numel)
+        if t.name in kept and should_pack(t.numel, survivors, min_numel, max_density):
+            if layout is not None:  # the codes' SUM and the next step's scale (a MAX)
+                hooked += [Transfer(t.ready_fraction, 4 * layout.words(survivors), ALLREDUCE, "int32"),
+                           Transfer(t.ready_fraction, SCALE_BYTES, ALLREDUCE, "float32-max")]
+            else:
+                hooked.append(Transfer(t.ready_fraction, ELEMENT_BYTES[packed_values] * survivors, ALLREDUCE,
+                                       WIRE_DTYPE[packed_values]))
+        else:
+            hooked.append(Transfer(t.ready_fraction, ELEMENT_BYTES[whole_values] * t.numel, ALLREDUCE,
+                                   WIRE_DTYPE[whole_values]))
+    return hooked

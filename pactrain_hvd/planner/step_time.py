@@ -1,0 +1,106 @@
+"""Step time per method: compute, the method's CPU cost, and the wire time that backward does not hide.
+
+A method's ``Traffic`` (``planner.payload``) becomes a ``step_model.StepPlan``: the hooked transfers are
+handed to Horovod's background loop as backward reaches them (so they overlap the rest of backward as far
+as the link keeps up), PowerSGD's two rounds block after backward. ``step_model.expected_step`` runs the
+ring collectives (``2 (n-1)`` latencies plus ``2 (n-1)/n`` of the buffer over the link for an all-reduce;
+``n - 1`` latencies and ``n - 1`` contributions for an allgather) through Horovod's cycle and fusion.
+
+The CPU cost of compression (``Costs.compress_s``, seconds per step at 2 workers) is split as the
+repository's profile measured it (``reports/step_model/profile.json``, the image workload): Top-k selects in
+the hook and scatters one index set per worker after the last transfer; PowerSGD projects ``P``, then ``Q``,
+then rebuilds; the other methods cast or pack in the hook and unpack after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from pactrain_hvd.planner.methods import Method
+from pactrain_hvd.planner.payload import Tensor, Traffic, traffic
+from pactrain_hvd.planner.step_model import (
+    HOROVOD_DEFAULT_CYCLE_TIME_S,
+    HorovodConfig,
+    Link,
+    Stage,
+    StepPlan,
+    expected_step,
+)
+
+# reports/step_model/profile.json, workloads.image: top-k select 12.0 ms, zero 0.66 ms, scatter 0.21 ms per worker;
+# PowerSGD project P 2.56 ms, project Q 0.81 ms, reconstruct 2.31 ms
+TOPK_SPLIT = {"select": 0.01196, "zero": 0.00066, "scatter_per_worker": 0.00021}
+POWERSGD_SPLIT = {"project_p": 0.00256, "project_q": 0.00081, "reconstruct": 0.00231}
+
+
+@dataclass(frozen=True)
+class Costs:
+    """One worker's CPU time per step: ``compute_s`` forward + backward, ``update_s`` the optimizer's
+    step, ``compress_s`` each method kind's compression + decompression at 2 workers (0 where absent)."""
+
+    compute_s: float
+    update_s: float = 0.0
+    forward_share: float = 1 / 3  # forward's part of compute (backward costs about twice forward)
+    compress_s: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.compute_s > 0:
+            raise ValueError(f"compute_s (the measured forward + backward) must be > 0, got {self.compute_s}")
+        if self.update_s < 0 or not 0 <= self.forward_share < 1:
+            raise ValueError(f"update_s must be >= 0 and forward_share in [0, 1), got {self.update_s}, "
+                             f"{self.forward_share}")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    method: Method
+    handed_bytes: int  # bytes a worker hands the collectives per step
+    sent_bytes: float  # bytes a worker sends per step (ring)
+    step_s: float
+    compute_s: float  # forward + backward + update: the step without communication
+    compress_s: float
+    wait_s: float  # time the step waits for the network (not hidden behind backward)
+
+    @property
+    def efficiency(self) -> float:
+        """Scaling efficiency: the compute-only step over the predicted step (1.0: communication is free)."""
+        return self.compute_s / self.step_s
+
+
+def step_plan(method: Method, moved: Traffic, costs: Costs, world_size: int) -> StepPlan:
+    """``moved`` and ``costs`` as one worker's step."""
+    compress = costs.compress_s.get(method.kind, 0.0)
+    plan = StepPlan(forward_s=costs.compute_s * costs.forward_share,
+                    backward_s=costs.compute_s * (1 - costs.forward_share), update_s=costs.update_s)
+    if method.kind == "topk":
+        split = TOPK_SPLIT
+        unit = compress / (split["select"] + split["zero"] + 2 * split["scatter_per_worker"])
+        return replace(plan, hooked=moved.hooked, hook_cpu_s=unit * split["select"],
+                       finish_s=unit * (split["zero"] + world_size * split["scatter_per_worker"]))
+    if method.kind == "powersgd":
+        split = POWERSGD_SPLIT
+        unit = compress / sum(split.values())
+        cpu = (unit * split["project_p"], unit * split["project_q"])
+        return replace(plan, stages=[Stage(c, r) for c, r in zip(cpu, moved.rounds)],
+                       finish_s=unit * split["reconstruct"])
+    return replace(plan, hooked=moved.hooked, hook_cpu_s=compress / 2, finish_s=compress / 2)
+
+
+def predict(method: Method, tensors: Sequence[Tensor], world_size: int, link: Link, costs: Costs,
+            config: HorovodConfig | None = None, extra_bytes_per_step: float = 0.0, ranking: str = "erk") -> Prediction:
+    """Predicted step of ``method`` on ``world_size`` workers joined by ``link``.
+
+    ``config``: Horovod's cycle and fusion (default: Horovod's own, a 1 ms cycle). ``extra_bytes_per_step``:
+    traffic beyond the gradients each worker sends per step (Horovod's coordination, measured on the
+    repository's slowest links: ``docs/planner.md``), charged at the link rate after the step.
+    """
+    config = config or HorovodConfig(cycle_time_s=HOROVOD_DEFAULT_CYCLE_TIME_S)
+    moved = traffic(method, tensors, world_size, ranking=ranking)
+    plan = step_plan(method, moved, costs, world_size)
+    result = expected_step(plan, world_size, link, config)
+    extra = extra_bytes_per_step / link.bytes_per_s if world_size > 1 else 0.0
+    compute = costs.compute_s + costs.update_s
+    return Prediction(method=method, handed_bytes=moved.handed_bytes, sent_bytes=moved.sent_bytes(world_size),
+                      step_s=result.step_s + extra, compute_s=compute, compress_s=result.compress_s,
+                      wait_s=result.comm_wait_s + extra)
