@@ -13,6 +13,7 @@ setup(
               "tensorflow", "keras"],
     packages=find_packages(include=["pactrain_hvd", "pactrain_hvd.*"]),
     python_requires=">=3.10",
+    entry_points={"console_scripts": ["pactrain-plan=pactrain_hvd.planner.cli:main"]},
     # Horovod's framework ops are compiled against the torch and TensorFlow installed when it is built:
     # scripts/install.sh builds it after them. The patches it applies are for 0.28.
     install_requires=["numpy", "horovod>=0.28.1,<0.29"],

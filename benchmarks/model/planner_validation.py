@@ -1,0 +1,211 @@
+"""The planner against every measured time-to-accuracy cell: predicted training time and time to target.
+
+    python -m benchmarks.model.planner_validation        # -> bench/results/planner/validation.md, .json
+
+For every Horovod run of every record under ``bench/results/tta/`` on an emulated link, the planner
+(``pactrain_hvd.planner``) predicts each step's time from the bytes the method sends at that step (PacTrain's
+sparsity follows the run's pruning schedule; before its masks arrive it sends whole tensors), the probed
+link rate, and CPU costs, and sums them over the run's steps. Two sets of CPU costs:
+
+- **A, the cell's phases**: compute, compression and update are the run's own means per step (records that
+  kept no phases: the cell's concurrent compute bound for compute and update, and the compression of the same
+  method in ``reports/step_model/tta-loopback/record.json``). The network wait is the model's.
+- **B, nothing of the cell**: compute and update from ``reports/step_model/profile.json`` (one idle thread,
+  times the workers per core where the runs had more workers than the machine's 2 cores), compression from the
+  loopback record; only the link and the model come from the cell.
+
+Both add the traffic Horovod sends besides the gradients, measured from the runs' NIC counters (``docs/planner.md``):
+``FRAMING`` of the payload (TCP/IP headers: the fp16 and dense runs' NIC bytes over their payload) and
+``EXTRA_BYTES_PER_STEP`` (the median of NIC bytes per step over framed payload in the image cells, whose
+Horovod ran at its default 1 ms cycle). Time to target: the measured steps to the cell's lower target
+(``benchmarks.tta.tta_report``) times the predicted steps' times, against the measured seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from benchmarks.common.methods import parse_method as bench_method
+from benchmarks.common.methods import pruning_schedule
+from benchmarks.tta import tta_report
+from pactrain_hvd.core.schedule import PolynomialSchedule, schedule_steps
+from pactrain_hvd.planner.methods import Method, parse_method
+from pactrain_hvd.planner.payload import Tensor
+from pactrain_hvd.planner.step_model import HOROVOD_DEFAULT_CYCLE_TIME_S, HorovodConfig, Link
+from pactrain_hvd.planner.step_time import Costs, predict
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS = sorted((ROOT / "bench" / "results" / "tta").glob("**/record.json"))
+PROFILE = ROOT / "reports" / "step_model" / "profile.json"
+LOOPBACK = ROOT / "reports" / "step_model" / "tta-loopback" / "record.json"
+OUT = ROOT / "bench" / "results" / "planner"
+LATENCY_S = 50e-6  # per hop on the benchmark's veth + TCP + Gloo path (assumed, as benchmarks/model/step_time_model.py)
+CORES = 2  # the machine the records ran on
+FRAMING = 1.065  # NIC bytes over payload of the dense and fp16 runs (median, printed by --fit)
+EXTRA_BYTES_PER_STEP = 110e3  # median non-gradient NIC bytes per step of the image runs (printed by --fit)
+TOLERANCE = 0.20
+
+
+def kind_of(method: str) -> str:
+    return bench_method(method).kind
+
+
+def sparsity_per_step(method: str, steps: int) -> list[float]:
+    """PacTrain's mask sparsity at each step of a run of ``steps`` (0 for the other methods)."""
+    spec = bench_method(method)
+    if spec.kind != "pactrain":
+        return [0.0] * steps
+    arguments = pruning_schedule(spec, steps)
+    if "schedule" in arguments:
+        schedule = arguments["schedule"].polynomial()
+    else:
+        begin, end, frequency = schedule_steps(arguments.get("total_steps"), arguments.get("begin_step"),
+                                               arguments.get("end_step"))
+        schedule = PolynomialSchedule(spec.sparsity, begin, end, frequency)
+    out, current = [], 0.0
+    for step in range(steps):
+        if schedule.is_update_step(step):
+            current = schedule.target(step)
+        out.append(current)
+    return out
+
+
+def loopback_compress(loopback: dict) -> dict[tuple[str, str], float]:
+    """Median compression seconds per (workload, method) and per (workload, method kind) in the loopback record."""
+    found: dict[tuple[str, str], list[float]] = {}
+    for cell in loopback["cells"].values():
+        for method, run in cell["runs"].items():
+            value = statistics.median(run["phases_s"]["compress"])
+            found.setdefault((cell["workload"], method), []).append(value)
+            found.setdefault((cell["workload"], kind_of(method)), []).append(value)
+    return {key: statistics.median(values) for key, values in found.items()}
+
+
+def costs_for(mode: str, run: dict, cell: dict, method: str, prof: dict, compress: dict) -> tuple[Costs, str] | None:
+    workload = cell["workload"]
+    entry = prof["workloads"][workload]
+    share = entry["forward_s"] / (entry["forward_s"] + entry["backward_s"])
+    kind = kind_of(method)
+    kind_key = "pactrain" if kind == "pactrain" else kind
+    loop = compress.get((workload, method), compress.get((workload, kind), 0.0))
+    if mode == "A":
+        phases = run.get("phases_s")
+        if phases:
+            mean = {name: statistics.fmean(values) for name, values in phases.items()}
+            return Costs(mean["compute"], mean["update"], share, {kind_key: mean["compress"]}), "run's phases"
+        bound = cell["bound"]
+        return Costs(bound.get("compute_s", bound["step_s"]), bound.get("update_s", 0.0), share,
+                     {kind_key: loop}), "cell's bound + loopback compression"
+    crowd = max(1.0, cell["workers"] / CORES)
+    return Costs((entry["forward_s"] + entry["backward_s"]) * crowd, entry["update_s"] * crowd, share,
+                 {kind_key: loop}), "profile + loopback compression"
+
+
+def predict_run(run: dict, cell: dict, method: str, tensors: list[Tensor], costs: Costs) -> list[float]:
+    """Predicted seconds of each step of the run."""
+    link = Link(cell["probed_mbit_per_s"] * 1e6 / 8 / FRAMING, LATENCY_S)
+    config = HorovodConfig(cycle_time_s=HOROVOD_DEFAULT_CYCLE_TIME_S)
+    base = parse_method(method)
+    cache: dict[float, float] = {}
+    out = []
+    for sparsity in sparsity_per_step(method, run["steps"]):
+        key = round(sparsity, 6)
+        if key not in cache:
+            step_method = Method(base.name, base.kind, sparsity, base.values, base.density, base.rank)
+            if base.kind == "pactrain" and sparsity == 0.0:
+                step_method = Method(base.name, "pactrain", 0.0, base.values)
+            cache[key] = predict(step_method, tensors, cell["workers"], link, costs, config,
+                                 extra_bytes_per_step=EXTRA_BYTES_PER_STEP / FRAMING).step_s
+        out.append(cache[key])
+    return out
+
+
+def validate(records: list[Path], prof: dict, loopback: dict) -> list[dict]:
+    compress = loopback_compress(loopback)
+    rows = []
+    for path in records:
+        record = json.loads(path.read_text())
+        for key, cell in record["cells"].items():
+            if not cell.get("probed_mbit_per_s"):
+                continue  # loopback: no link to predict
+            tensors = [Tensor(t["name"], tuple(t["shape"]), t["ready_fraction"])
+                       for t in prof["workloads"][cell["workload"]]["tensors"]]
+            summary = tta_report.summarize(cell)
+            for method, run in cell["runs"].items():
+                if bench_method(method).frontend != "horovod":
+                    continue  # DDP's buckets and comm hooks are not modelled
+                row = {"record": str(path.relative_to(ROOT)), "cell": key, "method": method, "steps": run["steps"],
+                       "measured_s": run["train_s"], "lower_target": summary["lower_target"]}
+                reached = next((step for _, step, value, _ in run["curve"]
+                                if tta_report.reaches(value, summary["lower_target"], summary["metric"])), None)
+                row["measured_to_lower_s"] = summary["rows"][method]["time_to_lower"]
+                for mode in ("A", "B"):
+                    costs, source = costs_for(mode, run, cell, method, prof, compress)
+                    steps = predict_run(run, cell, method, tensors, costs)
+                    row[f"{mode}_s"] = sum(steps)
+                    row[f"{mode}_source"] = source
+                    row[f"{mode}_to_lower_s"] = sum(steps[:reached]) if reached is not None else None
+                rows.append(row)
+    return rows
+
+
+def error(predicted: float | None, measured: float | None) -> float | None:
+    return None if predicted is None or not measured else predicted / measured - 1
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| record | cell | method | steps | measured training s | A: predicted s | A: error | B: predicted s | "
+             "B: error | measured s to lower target | A: predicted s | A: error |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        to_lower = "- | - | -" if r["measured_to_lower_s"] is None else (
+            f"{r['measured_to_lower_s']:.0f} | {r['A_to_lower_s']:.0f} | {error(r['A_to_lower_s'], r['measured_to_lower_s']):+.0%}")
+        flag = "" if r["A_source"] == "run's phases" else " \\*"
+        lines.append(f"| {r['record'].removeprefix('bench/results/tta/')} | {r['cell']} | {r['method']}{flag} | {r['steps']} | "
+                     f"{r['measured_s']:.0f} | {r['A_s']:.0f} | {error(r['A_s'], r['measured_s']):+.0%} | {r['B_s']:.0f} | "
+                     f"{error(r['B_s'], r['measured_s']):+.0%} | {to_lower} |")
+    return "\n".join(lines)
+
+
+def summary(rows: list[dict]) -> list[str]:
+    out = []
+    groups = {"all cells": rows, "link-bound cells (5 and 10 Mbit/s)": [r for r in rows if "link-bound" in r["record"]]}
+    for label, group in groups.items():
+        for mode in ("A", "B"):
+            errors = [abs(error(r[f"{mode}_s"], r["measured_s"])) for r in group]
+            worst = max(group, key=lambda r: abs(error(r[f"{mode}_s"], r["measured_s"])))
+            out.append(f"{label}, {mode}: {sum(e <= TOLERANCE for e in errors)} of {len(errors)} runs within "
+                       f"{TOLERANCE:.0%} of the measured training time; median |error| {statistics.median(errors):.0%}; "
+                       f"worst {max(errors):.0%} ({worst['cell']} {worst['method']})")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    prof = json.loads(PROFILE.read_text())
+    rows = validate(RECORDS, prof, json.loads(LOOPBACK.read_text()))
+    lines = summary(rows)
+    table = markdown(rows)
+    head = (f"Predicted against measured training time (evaluation excluded) of every Horovod run on an emulated "
+            f"link, written by `python -m benchmarks.model.planner_validation`. Latency {LATENCY_S * 1e6:.0f} us a hop, "
+            f"Horovod cycle {HOROVOD_DEFAULT_CYCLE_TIME_S * 1e3:g} ms, framing {FRAMING:g}x the payload, "
+            f"{EXTRA_BYTES_PER_STEP / 1e3:.0f} kB a step of non-gradient traffic. \\* A from the cell's bound (the record "
+            "kept no phases).")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "validation.md").write_text(head + "\n\n" + "\n".join(f"- {line}" for line in lines) + "\n\n" + table + "\n")
+    (args.out / "validation.json").write_text(json.dumps({"rows": rows, "summary": lines, "framing": FRAMING,
+                                                          "extra_bytes_per_step": EXTRA_BYTES_PER_STEP,
+                                                          "latency_s": LATENCY_S}, indent=1))
+    print("\n".join(lines))
+    print(f"wrote {args.out / 'validation.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
