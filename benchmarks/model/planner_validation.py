@@ -8,7 +8,7 @@ sparsity follows the run's pruning schedule; before its masks arrive it sends wh
 link rate, and CPU costs, and sums them over the run's steps. Two sets of CPU costs:
 
 - **A, the cell's phases**: compute, compression and update are the run's own means per step (records that
-  kept no phases: the cell's concurrent compute bound for compute and update, and the compression of the same
+  kept no phases: the cell's concurrent compute bound for compute, and the compression and update of the same
   method in ``reports/step_model/tta-loopback/record.json``). The network wait is the model's.
 - **B, nothing of the cell**: compute and update from ``reports/step_model/profile.json`` (one idle thread,
   times the workers per core where the runs had more workers than the machine's 2 cores), compression from the
@@ -74,35 +74,36 @@ def sparsity_per_step(method: str, steps: int) -> list[float]:
     return out
 
 
-def loopback_compress(loopback: dict) -> dict[tuple[str, str], float]:
-    """Median compression seconds per (workload, method) and per (workload, method kind) in the loopback record."""
+def loopback_phases(loopback: dict, phase: str) -> dict[tuple[str, str], float]:
+    """Median seconds of ``phase`` per (workload, method) and per (workload, method kind) in the loopback record."""
     found: dict[tuple[str, str], list[float]] = {}
     for cell in loopback["cells"].values():
         for method, run in cell["runs"].items():
-            value = statistics.median(run["phases_s"]["compress"])
+            value = statistics.median(run["phases_s"][phase])
             found.setdefault((cell["workload"], method), []).append(value)
             found.setdefault((cell["workload"], kind_of(method)), []).append(value)
     return {key: statistics.median(values) for key, values in found.items()}
 
 
-def costs_for(mode: str, run: dict, cell: dict, method: str, prof: dict, compress: dict) -> tuple[Costs, str] | None:
+def costs_for(mode: str, run: dict, cell: dict, method: str, prof: dict, loop: dict) -> tuple[Costs, str]:
     workload = cell["workload"]
     entry = prof["workloads"][workload]
     share = entry["forward_s"] / (entry["forward_s"] + entry["backward_s"])
     kind = kind_of(method)
     kind_key = "pactrain" if kind == "pactrain" else kind
-    loop = compress.get((workload, method), compress.get((workload, kind), 0.0))
+    compress = loop["compress"].get((workload, method), loop["compress"].get((workload, kind), 0.0))
     if mode == "A":
         phases = run.get("phases_s")
         if phases:
             mean = {name: statistics.fmean(values) for name, values in phases.items()}
             return Costs(mean["compute"], mean["update"], share, {kind_key: mean["compress"]}), "run's phases"
         bound = cell["bound"]
-        return Costs(bound.get("compute_s", bound["step_s"]), bound.get("update_s", 0.0), share,
-                     {kind_key: loop}), "cell's bound + loopback compression"
+        update = loop["update"].get((workload, method), loop["update"].get((workload, kind), 0.0))
+        return Costs(bound.get("compute_s", bound["step_s"]), update, share,
+                     {kind_key: compress}), "cell's bound + loopback compression and update"
     crowd = max(1.0, cell["workers"] / CORES)
     return Costs((entry["forward_s"] + entry["backward_s"]) * crowd, entry["update_s"] * crowd, share,
-                 {kind_key: loop}), "profile + loopback compression"
+                 {kind_key: compress}), "profile + loopback compression"
 
 
 def predict_run(run: dict, cell: dict, method: str, tensors: list[Tensor], costs: Costs) -> list[float]:
@@ -125,7 +126,7 @@ def predict_run(run: dict, cell: dict, method: str, tensors: list[Tensor], costs
 
 
 def validate(records: list[Path], prof: dict, loopback: dict) -> list[dict]:
-    compress = loopback_compress(loopback)
+    loop = {phase: loopback_phases(loopback, phase) for phase in ("compress", "update")}
     rows = []
     for path in records:
         record = json.loads(path.read_text())
@@ -144,7 +145,7 @@ def validate(records: list[Path], prof: dict, loopback: dict) -> list[dict]:
                                 if tta_report.reaches(value, summary["lower_target"], summary["metric"])), None)
                 row["measured_to_lower_s"] = summary["rows"][method]["time_to_lower"]
                 for mode in ("A", "B"):
-                    costs, source = costs_for(mode, run, cell, method, prof, compress)
+                    costs, source = costs_for(mode, run, cell, method, prof, loop)
                     steps = predict_run(run, cell, method, tensors, costs)
                     row[f"{mode}_s"] = sum(steps)
                     row[f"{mode}_source"] = source
