@@ -16,7 +16,7 @@ link rate, and CPU costs, and sums them over the run's steps. Two sets of CPU co
 
 Both add the traffic Horovod sends besides the gradients, measured from the runs' NIC counters (``docs/planner.md``):
 ``FRAMING`` of the payload (TCP/IP headers: the fp16 and dense runs' NIC bytes over their payload) and
-``EXTRA_BYTES_PER_STEP`` (the median of NIC bytes per step over framed payload in the image cells, whose
+``EXTRA_BYTES_PER_STEP`` (the median of NIC bytes per step over framed payload in the 2-worker image cells, whose
 Horovod ran at its default 1 ms cycle). Time to target: the measured steps to the cell's lower target
 (``benchmarks.tta.tta_report``) times the predicted steps' times, against the measured seconds.
 """
@@ -34,7 +34,7 @@ from benchmarks.common.methods import pruning_schedule
 from benchmarks.tta import tta_report
 from pactrain_hvd.core.schedule import PolynomialSchedule, schedule_steps
 from pactrain_hvd.planner.methods import Method, parse_method
-from pactrain_hvd.planner.payload import Tensor
+from pactrain_hvd.planner.payload import Tensor, traffic
 from pactrain_hvd.planner.step_model import HOROVOD_DEFAULT_CYCLE_TIME_S, HorovodConfig, Link
 from pactrain_hvd.planner.step_time import Costs, predict
 
@@ -46,7 +46,7 @@ OUT = ROOT / "bench" / "results" / "planner"
 LATENCY_S = 50e-6  # per hop on the benchmark's veth + TCP + Gloo path (assumed, as benchmarks/model/step_time_model.py)
 CORES = 2  # the machine the records ran on
 FRAMING = 1.065  # NIC bytes over payload of the dense and fp16 runs (median, printed by --fit)
-EXTRA_BYTES_PER_STEP = 110e3  # median non-gradient NIC bytes per step of the image runs (printed by --fit)
+EXTRA_BYTES_PER_STEP = 100e3  # median non-gradient NIC bytes per step of the 2-worker image runs (printed by --fit)
 TOLERANCE = 0.20
 
 
@@ -174,7 +174,8 @@ def markdown(rows: list[dict]) -> str:
 
 def summary(rows: list[dict]) -> list[str]:
     out = []
-    groups = {"all cells": rows, "link-bound cells (5 and 10 Mbit/s)": [r for r in rows if "link-bound" in r["record"]]}
+    groups = {"all cells": rows, "2-worker cells": [r for r in rows if r["cell"].endswith("/2w")],
+              "link-bound cells (5 and 10 Mbit/s)": [r for r in rows if "link-bound" in r["record"]]}
     for label, group in groups.items():
         for mode in ("A", "B"):
             errors = [abs(error(r[f"{mode}_s"], r["measured_s"])) for r in group]
@@ -185,11 +186,41 @@ def summary(rows: list[dict]) -> list[str]:
     return out
 
 
+def fit(records: list[Path], prof: dict) -> tuple[float, float]:
+    """(framing, extra bytes per step) from the NIC counters over the last third of each run's steps (masks final):
+    framing from the dense and fp16 runs, extra from the other 2-worker image runs (framed payload subtracted)."""
+    framing, extra = [], []
+    for path in records:
+        for cell in json.loads(path.read_text())["cells"].values():
+            if not cell.get("probed_mbit_per_s"):
+                continue
+            tensors = [Tensor(t["name"], tuple(t["shape"])) for t in prof["workloads"][cell["workload"]]["tensors"]]
+            for method, run in cell["runs"].items():
+                spec = bench_method(method)
+                curve = run["curve"]
+                first, last = curve[max(0, len(curve) * 2 // 3 - 1)], curve[-1]
+                if spec.frontend != "horovod" or last[1] == first[1]:
+                    continue
+                nic = (last[3] - first[3]) / (last[1] - first[1])
+                sent = traffic(parse_method(method), tensors, cell["workers"]).sent_bytes(cell["workers"])
+                if spec.kind in ("dense", "fp16"):
+                    framing.append(nic / sent)
+                elif cell["workload"] == "image" and cell["workers"] == 2:
+                    extra.append(nic - FRAMING * sent)
+    return statistics.median(framing), statistics.median(extra)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--fit", action="store_true", help="print FRAMING and EXTRA_BYTES_PER_STEP as the records give them")
     args = parser.parse_args(argv)
     prof = json.loads(PROFILE.read_text())
+    if args.fit:
+        framing, extra = fit(RECORDS, prof)
+        print(f"framing {framing:.3f} (FRAMING = {FRAMING}); extra {extra / 1e3:.0f} kB a step "
+              f"(EXTRA_BYTES_PER_STEP = {EXTRA_BYTES_PER_STEP:.0f})")
+        return 0
     rows = validate(RECORDS, prof, json.loads(LOOPBACK.read_text()))
     lines = summary(rows)
     table = markdown(rows)
