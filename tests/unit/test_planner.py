@@ -1,0 +1,155 @@
+"""pactrain_hvd.planner: bytes per step and step time per method, against hand-computed cases."""
+
+import json
+
+import pytest
+
+from pactrain_hvd.core.masks import erk_sparsities, num_to_keep
+from pactrain_hvd.planner import Costs, HorovodConfig, Link, Tensor, load_curves, parse_method, predict, traffic
+from pactrain_hvd.planner.payload import pactrain_kept, with_ready_fractions
+from pactrain_hvd.planner.step_model import ring_allgather_s, ring_allreduce_s
+
+# 8192 + 64 + 5000 + 10 + 64 = 13,330 parameters; three tensors of >= 2 dimensions, two of them >= 4096 elements
+SHAPES = [("a.weight", (64, 128)), ("a.bias", (64,)), ("b.weight", (100, 50)), ("b.bias", (10,)), ("c.weight", (8, 8))]
+TENSORS = [Tensor(name, shape) for name, shape in SHAPES]
+FREE = HorovodConfig(cycle_time_s=0.0)
+
+
+def sent(method: str, world_size: int = 2, ranking: str = "layer") -> tuple[int, int]:
+    moved = traffic(parse_method(method), TENSORS, world_size, ranking=ranking)
+    return moved.allreduce_bytes, moved.allgather_bytes
+
+
+def test_dense_and_fp16_bytes():
+    assert sent("dense") == (4 * 13_330, 0)
+    assert sent("fp16") == (2 * 13_330, 0)
+
+
+def test_topk_allgathers_values_and_indices_of_the_large_tensors():
+    # k = ceil(0.01 * 8192) = 82 and ceil(0.01 * 5000) = 50, 8 bytes each; 64 + 10 + 64 small elements whole (fp32)
+    assert sent("topk") == (4 * 138, 8 * 82 + 8 * 50)
+    assert sent("topk-0.001") == (4 * 138, 8 * 9 + 8 * 5)
+
+
+def test_powersgd_sends_p_and_q_of_the_matrices():
+    # a: P 4*64, Q 4*128; b: P 4*100, Q 4*50 (fp32); c (64 elements) and the biases whole
+    p = 4 * 4 * 64 + 4 * 4 * 100
+    q = 4 * 4 * 128 + 4 * 4 * 50
+    assert sent("powersgd") == (p + 4 * (64 + 10 + 64) + q, 0)
+    moved = traffic(parse_method("powersgd"), TENSORS, 2)
+    assert [r[0][0] for r in moved.rounds] == [p + 4 * 138, q]
+
+
+def test_pactrain_packs_large_sparse_tensors_and_sends_the_rest_whole():
+    # layer ranking at 0.9: a keeps 819, b 500 (packed); c (64 < 4096) and the biases whole
+    assert sent("pactrain-0.9-fp16") == (2 * 819 + 2 * 500 + 2 * 64 + 2 * 74, 0)
+    assert sent("pactrain-0.9") == (4 * 819 + 4 * 500 + 4 * 64 + 4 * 74, 0)
+    assert sent("pactrain-0.9-bf16") == sent("pactrain-0.9-fp16")
+
+
+def test_pactrain_ternary_uses_the_library_lanes():
+    # 2 workers: lanes of 3 bits, 10 to a word: 82 and 50 words + one fp32 scale each; whole tensors fp16
+    assert sent("pactrain-0.9-ternary", 2) == (4 * 82 + 4 + 4 * 50 + 4 + 2 * 64 + 2 * 74, 0)
+    # 16 workers: 6-bit lanes, 5 to a word
+    assert sent("pactrain-0.9-ternary", 16) == (4 * 164 + 4 + 4 * 100 + 4 + 2 * 138, 0)
+    # 512 workers: no lanes fit, packed values travel fp16
+    assert sent("pactrain-0.9-ternary", 512) == sent("pactrain-0.9-fp16", 512)
+
+
+def test_pactrain_erk_shares_follow_the_library():
+    shares = erk_sparsities({name: shape for name, shape in SHAPES if len(shape) >= 2}, 0.9)
+    kept = pactrain_kept(parse_method("pactrain-0.9"), TENSORS)
+    assert kept == {name: num_to_keep(8192 if name == "a.weight" else 5000 if name == "b.weight" else 64, share)
+                    for name, share in shares.items()}
+
+
+def test_bytes_a_worker_sends_over_the_ring():
+    moved = traffic(parse_method("topk"), TENSORS, 8)
+    assert moved.sent_bytes(8) == pytest.approx(2 * 7 / 8 * 4 * 138 + 7 * 8 * 132)
+    assert traffic(parse_method("dense"), TENSORS, 1).sent_bytes(1) == 0
+
+
+def test_collective_times():
+    link = Link(bytes_per_s=1.25e9, latency_s=10e-6)
+    assert ring_allreduce_s(4_000_000, 8, link) == pytest.approx(14 * 10e-6 + 2 * 7 / 8 * 4e6 / 1.25e9)
+    assert ring_allgather_s(1e6, 4, Link(1e8, 1e-3)) == pytest.approx(3e-3 + 3 * 1e6 / 1e8)
+
+
+def test_step_time_of_one_tensor_after_backward():
+    # 4 MB fp32 on 2 workers at 100 MB/s: 2 * 1/2 * 4e6 / 1e8 = 0.04 s after backward; + update
+    tensors = [Tensor("w", (1000, 1000))]
+    p = predict(parse_method("dense"), tensors, 2, Link(1e8), Costs(compute_s=0.1, update_s=0.01), FREE)
+    assert p.step_s == pytest.approx(0.15)
+    assert p.efficiency == pytest.approx(0.11 / 0.15)
+    assert p.handed_bytes == 4_000_000 and p.sent_bytes == 4_000_000
+
+
+def test_step_time_overlaps_the_earlier_gradient_with_backward():
+    # b's gradient is ready halfway through backward (0.1 + 0.1 s) and done by 0.24; a's at 0.3, done 0.34
+    tensors = [Tensor("a", (1000, 1000)), Tensor("b", (1000, 1000))]
+    assert [t.ready_fraction for t in with_ready_fractions(tensors)] == [1.0, 0.5]
+    p = predict(parse_method("dense"), tensors, 2, Link(1e8), Costs(compute_s=0.3), FREE)
+    assert p.step_s == pytest.approx(0.34)
+
+
+def test_powersgd_rounds_block_after_backward_and_extra_bytes_cost_link_time():
+    tensors = [Tensor("w", (1000, 1000))]
+    # P: 4 * 4 * 1000 = 16 kB, then Q 16 kB: 2 * 1/2 * 16e3 / 1e6 = 0.016 s each
+    p = predict(parse_method("powersgd"), tensors, 2, Link(1e6), Costs(compute_s=0.1), FREE)
+    assert p.step_s == pytest.approx(0.1 + 0.016 + 0.016)
+    q = predict(parse_method("powersgd"), tensors, 2, Link(1e6), Costs(compute_s=0.1), FREE, extra_bytes_per_step=5e4)
+    assert q.step_s == pytest.approx(p.step_s + 0.05)
+
+
+def test_compression_costs_split_around_the_transfer():
+    tensors = [Tensor("w", (1000, 1000))]
+    costs = Costs(compute_s=0.1, compress_s={"fp16": 0.02})
+    p = predict(parse_method("fp16"), tensors, 2, Link(1e8), costs, FREE)
+    assert p.step_s == pytest.approx(0.1 + 0.02 + 2e6 / 1e8)
+    assert p.compress_s == pytest.approx(0.02)
+
+
+def test_curves_steps_to_target(tmp_path):
+    path = tmp_path / "curves.json"
+    path.write_text(json.dumps({"metric": "accuracy", "workers": 2,
+                                "curves": {"fp16": [[80, 0.8], [40, 0.6]], "pactrain-0.9-fp16-w0-0.3": [[40, 0.5], [80, 0.7]]}}))
+    curves = load_curves(path)
+    assert set(curves.by_method) == {"fp16", "pactrain-0.9-fp16"}
+    assert curves.by_method["fp16"].steps_to(0.7) == 80
+    assert curves.by_method["pactrain-0.9-fp16"].steps_to(0.75) is None
+    assert curves.default_target() == 0.7  # the worst final: every curve reaches it
+    perplexity = tmp_path / "ppl.json"
+    perplexity.write_text(json.dumps({"metric": "val_perplexity", "curves": {"dense": [[10, 9.0], [20, 5.0]]}}))
+    assert load_curves(perplexity).by_method["dense"].steps_to(6.0) == 20
+
+
+def test_curves_from_a_benchmark_record(tmp_path):
+    path = tmp_path / "record.json"
+    run = {"metric": "test_accuracy", "curve": [[10.0, 40, 0.6, 1], [20.0, 80, 0.8, 2]]}
+    path.write_text(json.dumps({"cells": {"image/5mbit/2w": {"workers": 2, "runs": {"topk": run, "ddp-powersgd": run}}}}))
+    curves = load_curves(path)
+    assert list(curves.by_method) == ["topk"] and curves.by_method["topk"].workers == 2
+    with pytest.raises(ValueError, match="--cell 'nope'"):
+        load_curves(path, "nope")
+
+
+@pytest.mark.parametrize("text, message", [("{}", "--curve"), ("[", "not JSON"),
+                                            ('{"curves": {"fp16": [[1]]}}', "step, metric")])
+def test_bad_curve_files_name_the_argument(tmp_path, text, message):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_curves(path)
+
+
+@pytest.mark.parametrize("name, message", [("topk-2", "density"), ("pactrain-1.5", "sparsity"), ("sgd", "unknown method"),
+                                            ("powersgd-r0", "rank")])
+def test_bad_method_names(name, message):
+    with pytest.raises(ValueError, match=message):
+        parse_method(name)
+
+
+def test_curve_portability():
+    assert parse_method("pactrain-0.9-fp16").curve_portable and parse_method("powersgd").curve_portable
+    assert not parse_method("topk").curve_portable and not parse_method("pactrain-0.95-ternary").curve_portable
+    assert parse_method("pactrain-0.9").packed_values == "inherit"
