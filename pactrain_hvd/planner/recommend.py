@@ -11,6 +11,9 @@ from pactrain_hvd.planner.step_time import Prediction
 # Below this share of the step spent waiting for the network, compression buys at most that share of the
 # step and costs accuracy per step: keep the dense reduction.
 COMPUTE_BOUND_EFFICIENCY = 0.9
+# Without curves, methods whose steps are within this much of the shortest tie on speed; the least compressed
+# of them (the most bytes a step) is picked, as accuracy per step tends to fall with compression.
+STEP_TIE = 0.05
 
 
 @dataclass(frozen=True)
@@ -56,10 +59,13 @@ def recommend(table: Sequence[Row]) -> tuple[str, str]:
             p = by_name[reference]
             return reference, (f"compute-bound: {reference} already runs at {p.efficiency:.0%} scaling efficiency, so "
                                "compression could save at most the rest and costs accuracy per step")
-    fastest = min(table, key=lambda r: r.prediction.step_s).prediction
-    return fastest.method.name, (f"shortest predicted step ({fastest.step_s * 1e3:.0f} ms, {fastest.efficiency:.0%} "
-                                 "scaling efficiency); without an accuracy curve (--curve) the steps it needs to "
-                                 "reach your accuracy are unknown")
+    shortest = min(r.prediction.step_s for r in table)
+    tied = [r.prediction for r in table if r.prediction.step_s <= shortest * (1 + STEP_TIE)]
+    pick = max(tied, key=lambda p: p.handed_bytes)
+    why = "the shortest predicted step" if len(tied) == 1 else (
+        f"the least compressed of the {len(tied)} methods within {STEP_TIE:.0%} of the shortest step")
+    return pick.method.name, (f"{why} ({pick.step_s * 1e3:.0f} ms, {pick.efficiency:.0%} scaling efficiency); "
+                              "without an accuracy curve (--curve) the steps each method needs are unknown")
 
 
 def format_table(table: Sequence[Row], has_curve: bool) -> str:
