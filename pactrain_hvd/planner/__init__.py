@@ -7,6 +7,7 @@ Framework-free (numpy and plain Python; torch only to read a model's shapes, or 
 - ``step_model``: ring collectives, Horovod's cycle and fusion, overlap with backward;
 - ``step_time``: a method's step on ``n`` workers and a link, and its scaling efficiency;
 - ``curves``: steps to a target from accuracy curves (time to accuracy = steps x step time);
+- ``virtual``: Top-k's and ternary's per-worker arithmetic on ``N`` workers' gradients in one process;
 - ``models``, ``profile``: a model's shapes (on torch's meta device) and its measured costs;
 - ``recommend``, ``cli``: the table, the pick and its reason (``pactrain-plan``).
 """
@@ -16,6 +17,7 @@ from pactrain_hvd.planner.methods import DEFAULT_METHODS, Method, parse_method
 from pactrain_hvd.planner.payload import Tensor, Traffic, traffic
 from pactrain_hvd.planner.step_model import HorovodConfig, Link, ring_allgather_s, ring_allreduce_s
 from pactrain_hvd.planner.step_time import Costs, Prediction, predict
+from pactrain_hvd.planner.virtual import VirtualWorkers
 
 __all__ = ["Costs", "Curve", "Curves", "DEFAULT_METHODS", "HorovodConfig", "Link", "Method", "Prediction", "Tensor",
-           "Traffic", "load_curves", "parse_method", "predict", "ring_allgather_s", "ring_allreduce_s", "traffic"]
+           "Traffic", "VirtualWorkers", "load_curves", "parse_method", "predict", "ring_allgather_s", "ring_allreduce_s", "traffic"]

@@ -1,0 +1,119 @@
+"""Virtual workers: each method's per-worker arithmetic on ``N`` workers' gradients, in one process.
+
+A curve measured with Top-k or ternary values holds for the number of workers it was measured on
+(``Method.curve_portable``): each worker keeps its own error memory, picks its own top-k set, and rounds with
+its own noise. To get the curve for ``N`` workers without ``N`` machines, split each global batch into ``N``
+micro-batches, compute one gradient per micro-batch, and hand them to ``VirtualWorkers.reduce``: it applies
+what each worker would do and returns the averaged gradient every worker would receive. numpy only; call it
+from any training loop (gradients as arrays)::
+
+    virtual = VirtualWorkers(parse_method("topk"), workers=8)
+    for name, param in model.named_parameters():
+        param.grad = torch.from_numpy(virtual.reduce(name, [g[name] for g in micro_batch_grads]))
+
+The arithmetic is the library's where it has one: masks are the caller's (``mask=``), ternary codes come from
+``pactrain_hvd.core.lanes`` (``local_scale``, ``stochastic_ternary``, ``pack_codes``, summed int32 words,
+``unpack_lanes``, ``decode_sums``), held at the MAX of the previous step's local scales. Rounding noise is
+numpy's (``numpy.random.default_rng(NOISE_SEED + rank)``), not torch's generator, so a virtual run is the real
+one's equal in distribution, not bit for bit. Top-k follows the repository's baseline (``k = ceil(density
+numel)`` of ``|gradient + memory|``, tensors under 4,096 elements averaged whole); PowerSGD is not modelled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from pactrain_hvd.core.lanes import (
+    NOISE_SEED,
+    decode_sums,
+    local_scale,
+    pack_codes,
+    stochastic_ternary,
+    ternary_layout,
+    unpack_lanes,
+)
+from pactrain_hvd.core.plan import DEFAULT_MIN_NUMEL
+from pactrain_hvd.planner.methods import Method
+
+Noise = Callable[[int, int], np.ndarray]  # (rank, count) -> uniform [0, 1) noise
+
+
+class VirtualWorkers:
+    """``workers`` workers' reduction of one method, with every worker's state (error memory, held scales)."""
+
+    def __init__(self, method: Method, workers: int, noise: Noise | None = None) -> None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+        if method.kind == "powersgd":
+            raise ValueError("virtual workers do not model PowerSGD (its curve is close to worker-independent)")
+        self.method = method
+        self.workers = workers
+        self.memory: list[dict[str, np.ndarray]] = [{} for _ in range(workers)]
+        self.scales: dict[str, np.float32] = {}
+        generators = [np.random.default_rng(NOISE_SEED + rank) for rank in range(workers)]
+        self.noise = noise or (lambda rank, count: generators[rank].random(count, dtype=np.float32))
+
+    def reduce(self, name: str, grads: Sequence[np.ndarray], mask: np.ndarray | None = None) -> np.ndarray:
+        """The averaged gradient of tensor ``name`` that every worker receives, from each worker's own ``grads``.
+        ``mask``: PacTrain's (bool, the tensor's shape; None: the tensor is not pruned and travels whole)."""
+        if len(grads) != self.workers:
+            raise ValueError(f"reduce({name!r}) needs one gradient per worker: {self.workers}, got {len(grads)}")
+        grads = [np.asarray(g, dtype=np.float32) for g in grads]
+        shape = grads[0].shape
+        kind = self.method.kind
+        if kind == "dense" or (kind == "pactrain" and mask is None and self.method.values == "fp32"):
+            return _mean(grads)
+        if kind == "fp16" or (kind == "pactrain" and mask is None):
+            return _mean([g.astype(np.float16) for g in grads], np.float16).astype(np.float32)
+        if kind == "topk":
+            return self._topk(name, grads).reshape(shape)
+        mask = np.asarray(mask, dtype=bool).reshape(shape)
+        survivors = [g[mask] for g in grads]
+        out = np.zeros(shape, dtype=np.float32)
+        if self.method.values == "ternary" and ternary_layout(self.workers) is not None:
+            out[mask] = self._ternary(name, survivors)
+        elif self.method.values == "fp32":
+            out[mask] = _mean(survivors)
+        else:  # fp16, bf16 (rounded as fp16 here), ternary past 256 workers
+            out[mask] = _mean([s.astype(np.float16) for s in survivors], np.float16).astype(np.float32)
+        return out
+
+    def _topk(self, name: str, grads: list[np.ndarray]) -> np.ndarray:
+        flat = [g.reshape(-1) for g in grads]
+        if flat[0].size < DEFAULT_MIN_NUMEL:
+            return _mean(flat)
+        k = max(1, math.ceil(self.method.density * flat[0].size))
+        total = np.zeros(flat[0].size, dtype=np.float32)
+        for rank, g in enumerate(flat):
+            acc = g + self.memory[rank].get(name, 0.0)
+            index = np.argpartition(-np.abs(acc), k - 1)[:k]
+            sent = np.zeros_like(acc)
+            sent[index] = acc[index]
+            self.memory[rank][name] = acc - sent
+            total += sent  # an allgather: every worker adds the same pairs in rank order
+        return total / np.float32(self.workers)
+
+    def _ternary(self, name: str, survivors: list[np.ndarray]) -> np.ndarray:
+        layout = ternary_layout(self.workers)
+        values = [s + self.memory[rank].get(name, 0.0) for rank, s in enumerate(survivors)]
+        step_max = max(local_scale(v) for v in values)
+        scale = self.scales.get(name, step_max)  # held from the previous step; the first step waits for its MAX
+        words = np.zeros(layout.words(values[0].size), dtype=np.int64)
+        for rank, v in enumerate(values):
+            ternary = stochastic_ternary(v, scale, self.noise(rank, v.size))
+            self.memory[rank][name] = v - ternary.astype(np.float32) * np.float32(scale)
+            words += pack_codes(ternary.astype(np.int64) + 1, layout)  # the SUM all-reduce of int32 words
+        self.scales[name] = step_max
+        summed = decode_sums(unpack_lanes(words.astype(np.int32), layout, values[0].size), self.workers)
+        return summed.astype(np.float32) * np.float32(scale) / np.float32(self.workers)
+
+
+def _mean(arrays: list[np.ndarray], dtype=np.float32) -> np.ndarray:
+    """Sum in ``dtype`` in rank order (the ring's order differs; the rounding is of the same size), then average."""
+    total = arrays[0].astype(dtype, copy=True)
+    for array in arrays[1:]:
+        total += array.astype(dtype)
+    return (total.astype(np.float32) / np.float32(len(arrays))).astype(np.float32)
