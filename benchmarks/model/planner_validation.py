@@ -17,8 +17,10 @@ link rate, and CPU costs, and sums them over the run's steps. Two sets of CPU co
 Both add the traffic Horovod sends besides the gradients, measured from the runs' NIC counters (``docs/planner.md``):
 ``FRAMING`` of the payload (TCP/IP headers: the fp16 and dense runs' NIC bytes over their payload) and
 ``EXTRA_BYTES_PER_STEP`` (the median of NIC bytes per step over framed payload in the 2-worker image cells, whose
-Horovod ran at its default 1 ms cycle). Time to target: the measured steps to the cell's lower target
-(``benchmarks.tta.tta_report``) times the predicted steps' times, against the measured seconds.
+Horovod ran at its default 1 ms cycle). Time to target: the steps to the cell's lower target
+(``benchmarks.tta.tta_report``) times the predicted steps' times, against the measured seconds: A counts the
+run's own steps to it, B those of the same method's run in another cell (another link or part, with the same
+workload, workers and steps), where one exists.
 """
 
 from __future__ import annotations
@@ -125,8 +127,25 @@ def predict_run(run: dict, cell: dict, method: str, tensors: list[Tensor], costs
     return out
 
 
+def other_curves(records: list[Path]) -> dict[tuple, list[tuple[str, list]]]:
+    """Curves by (workload, workers, steps, method): where a cell's run has a twin in another cell (another link
+    or part; the same seed, data and schedule), its curve in steps stands in for the run's own."""
+    found: dict[tuple, list[tuple[str, list]]] = {}
+    for path in records:
+        for key, cell in json.loads(path.read_text())["cells"].items():
+            for method, run in cell["runs"].items():
+                where = f"{path.relative_to(ROOT / 'bench' / 'results' / 'tta').as_posix()}: {key}"
+                found.setdefault((cell["workload"], cell["workers"], run["steps"], method), []).append((where, run["curve"]))
+    return found
+
+
+def first_step(curve: list, target: float, metric: str) -> int | None:
+    return next((step for _, step, value, _ in curve if tta_report.reaches(value, target, metric)), None)
+
+
 def validate(records: list[Path], prof: dict, loopback: dict) -> list[dict]:
     loop = {phase: loopback_phases(loopback, phase) for phase in ("compress", "update")}
+    twins = other_curves(records)
     rows = []
     for path in records:
         record = json.loads(path.read_text())
@@ -141,15 +160,23 @@ def validate(records: list[Path], prof: dict, loopback: dict) -> list[dict]:
                     continue  # DDP's buckets and comm hooks are not modelled
                 row = {"record": str(path.relative_to(ROOT)), "cell": key, "method": method, "steps": run["steps"],
                        "measured_s": run["train_s"], "lower_target": summary["lower_target"]}
-                reached = next((step for _, step, value, _ in run["curve"]
-                                if tta_report.reaches(value, summary["lower_target"], summary["metric"])), None)
+                reached = first_step(run["curve"], summary["lower_target"], summary["metric"])
                 row["measured_to_lower_s"] = summary["rows"][method]["time_to_lower"]
+                here = f"{path.relative_to(ROOT / 'bench' / 'results' / 'tta').as_posix()}: {key}"
+                twin = next(((where, curve) for where, curve in
+                             twins.get((cell["workload"], cell["workers"], run["steps"], method), []) if where != here), None)
                 for mode in ("A", "B"):
                     costs, source = costs_for(mode, run, cell, method, prof, loop)
                     steps = predict_run(run, cell, method, tensors, costs)
                     row[f"{mode}_s"] = sum(steps)
                     row[f"{mode}_source"] = source
-                    row[f"{mode}_to_lower_s"] = sum(steps[:reached]) if reached is not None else None
+                    # A: the run's own steps to the target; B: another cell's curve of the same method, where one exists
+                    if mode == "A":
+                        needed = reached
+                    else:
+                        needed = first_step(twin[1], summary["lower_target"], summary["metric"]) if twin else None
+                        row["B_curve_from"] = twin[0] if twin else None
+                    row[f"{mode}_to_lower_s"] = sum(steps[:needed]) if needed is not None else None
                 rows.append(row)
     return rows
 
@@ -160,11 +187,16 @@ def error(predicted: float | None, measured: float | None) -> float | None:
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| record | cell | method | steps | measured training s | A: predicted s | A: error | B: predicted s | "
-             "B: error | measured s to lower target | A: predicted s | A: error |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "B: error | measured s to lower target | A: predicted s | A: error | B: predicted s | B: error | B's curve |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+
+    def seconds(predicted: float | None, measured: float | None) -> str:
+        return "- | -" if predicted is None or measured is None else f"{predicted:.0f} | {error(predicted, measured):+.0%}"
+
     for r in rows:
-        to_lower = "- | - | -" if r["measured_to_lower_s"] is None else (
-            f"{r['measured_to_lower_s']:.0f} | {r['A_to_lower_s']:.0f} | {error(r['A_to_lower_s'], r['measured_to_lower_s']):+.0%}")
+        measured = r["measured_to_lower_s"]
+        to_lower = (f"{'-' if measured is None else f'{measured:.0f}'} | {seconds(r['A_to_lower_s'], measured)} | "
+                    f"{seconds(r['B_to_lower_s'], measured)} | {r['B_curve_from'] or '-'}")
         flag = "" if r["A_source"] == "run's phases" else " \\*"
         lines.append(f"| {r['record'].removeprefix('bench/results/tta/')} | {r['cell']} | {r['method']}{flag} | {r['steps']} | "
                      f"{r['measured_s']:.0f} | {r['A_s']:.0f} | {error(r['A_s'], r['measured_s']):+.0%} | {r['B_s']:.0f} | "
@@ -183,6 +215,12 @@ def summary(rows: list[dict]) -> list[str]:
             out.append(f"{label}, {mode}: {sum(e <= TOLERANCE for e in errors)} of {len(errors)} runs within "
                        f"{TOLERANCE:.0%} of the measured training time; median |error| {statistics.median(errors):.0%}; "
                        f"worst {max(errors):.0%} ({worst['cell']} {worst['method']})")
+        for mode, how in (("A", "the run's own steps to it"), ("B", "another cell's curve of the method")):
+            timed = [abs(error(r[f"{mode}_to_lower_s"], r["measured_to_lower_s"])) for r in group
+                     if r[f"{mode}_to_lower_s"] is not None and r["measured_to_lower_s"] is not None]
+            if timed:
+                out.append(f"{label}, time to the lower target, {mode} ({how}): {sum(e <= TOLERANCE for e in timed)} of "
+                           f"{len(timed)} within {TOLERANCE:.0%}; median |error| {statistics.median(timed):.0%}")
     return out
 
 
