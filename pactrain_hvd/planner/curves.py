@@ -37,6 +37,7 @@ class Curve:
     metric: str = "metric"
     higher_is_better: bool = True
     workers: int | None = None
+    complete: bool = True  # False: a run stopped before its planned steps (a wall-clock budget)
 
     def reaches(self, value: float, target: float) -> bool:
         return value >= target if self.higher_is_better else value <= target
@@ -59,10 +60,12 @@ class Curves:
     source: str
 
     def default_target(self) -> float:
-        """The file's target, else the worst final metric of its curves: every curve reaches it."""
+        """The file's target, else the worst final metric of its complete curves: every one reaches it (a run a
+        budget stopped early does not set it)."""
         if self.target is not None:
             return self.target
-        finals = [curve.final for curve in self.by_method.values()]
+        finals = [c.final for c in self.by_method.values() if c.complete] or [
+            c.final for c in self.by_method.values()]
         higher = next(iter(self.by_method.values())).higher_is_better
         return min(finals) if higher else max(finals)
 
@@ -116,7 +119,8 @@ def load_curves(path: str | Path, cell: str | None = None) -> Curves:
             continue  # a method the planner does not model (DDP's hooks)
         metric = run.get("metric", "metric")
         points = _points([(row[1], row[2]) for row in run["curve"]], name, str(path))
-        _add(found, name, Curve(name, points, metric, metric != "val_perplexity", chosen.get("workers")))
+        complete = run.get("steps", 0) >= chosen.get("steps", run.get("steps", 0))
+        _add(found, name, Curve(name, points, metric, metric != "val_perplexity", chosen.get("workers"), complete))
     if not found:
         raise ValueError(f"--curve {path}: cell {cell!r} has no run of a method the planner models")
     return Curves(found, None, f"{path} ({cell})")

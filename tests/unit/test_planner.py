@@ -125,10 +125,13 @@ def test_curves_steps_to_target(tmp_path):
 
 def test_curves_from_a_benchmark_record(tmp_path):
     path = tmp_path / "record.json"
-    run = {"metric": "test_accuracy", "curve": [[10.0, 40, 0.6, 1], [20.0, 80, 0.8, 2]]}
-    path.write_text(json.dumps({"cells": {"image/5mbit/2w": {"workers": 2, "runs": {"topk": run, "ddp-powersgd": run}}}}))
+    run = {"metric": "test_accuracy", "steps": 80, "curve": [[10.0, 40, 0.6, 1], [20.0, 80, 0.8, 2]]}
+    stopped = {"metric": "test_accuracy", "steps": 40, "curve": [[10.0, 40, 0.5, 1]]}
+    path.write_text(json.dumps({"cells": {"image/5mbit/2w": {"workers": 2, "steps": 80, "runs": {
+        "topk": run, "ddp-powersgd": run, "fp16": stopped}}}}))
     curves = load_curves(path)
-    assert list(curves.by_method) == ["topk"] and curves.by_method["topk"].workers == 2
+    assert list(curves.by_method) == ["topk", "fp16"] and curves.by_method["topk"].workers == 2
+    assert curves.default_target() == 0.8  # the budget-stopped fp16 run does not set it
     with pytest.raises(ValueError, match="--cell 'nope'"):
         load_curves(path, "nope")
 
