@@ -40,6 +40,7 @@ class MethodSpec:
     rank: int = POWERSGD_RANK
     window: tuple[float, float] | None = None  # PacTrain: (begin, end) as fractions of the run
     ramp: int | None = None  # PacTrain: a short ramp of this many steps from step 0 (``pt.short_ramp``)
+    local_steps: int = 0  # PacTrain: steps every rank trains alike on the same batches, uncommunicated, before masks
     frontend: str = "horovod"  # horovod | ddp
 
 
@@ -64,15 +65,17 @@ def parse_method(name: str) -> MethodSpec:
         if rank < 1:
             raise ValueError(f"method {name!r}: PowerSGD rank must be >= 1")
         return MethodSpec(name, "powersgd", rank=rank)
-    if match := re.fullmatch(r"pactrain-(0?\.\d+)(-fp16|-ternary)?(?:-w(\d*\.?\d+)-(\d*\.?\d+)|-ramp(\d+))?", name):
+    if match := re.fullmatch(r"pactrain-(0?\.\d+)(-fp16|-ternary)?(?:-w(\d*\.?\d+)-(\d*\.?\d+)|-ramp(\d+))?(?:-local(\d+))?",
+                             name):
         window = (float(match.group(3)), float(match.group(4))) if match.group(3) else None
         if window is not None and not 0 <= window[0] <= window[1] <= 1:
             raise ValueError(f"method {name!r}: the pruning window must be 0 <= begin <= end <= 1")
         ramp = int(match.group(5)) if match.group(5) else None
         return MethodSpec(name, "pactrain", sparsity=float(match.group(1)), fp16_values=match.group(2) == "-fp16",
-                          ternary_values=match.group(2) == "-ternary", window=window, ramp=ramp)
+                          ternary_values=match.group(2) == "-ternary", window=window, ramp=ramp,
+                          local_steps=int(match.group(6) or 0))
     raise ValueError(f"unknown method {name!r}: use dense, fp16, topk[-DENSITY], powersgd[-rRANK], "
-                     "pactrain-SPARSITY[-fp16|-ternary][-wBEGIN-END|-rampSTEPS], each also as ddp-NAME (ddp alone: dense)")
+                     "pactrain-SPARSITY[-fp16|-ternary][-wBEGIN-END|-rampSTEPS][-localSTEPS], each also as ddp-NAME (ddp alone: dense)")
 
 
 def pruning_schedule(spec: MethodSpec, total_steps: int | None) -> dict:

@@ -63,7 +63,8 @@ def worker_command(args: argparse.Namespace, workload: str, method: str, out: Pa
     flags = ["--workload", workload, "--method", method, "--steps", str(steps or args.steps), "--eval-every",
              str(args.eval_every), "--budget-s", str(0.0 if compute_only else args.budget_s),
              "--eval-samples", str(args.eval_samples), "--eval-batches", str(args.eval_batches),
-             "--seed", str(args.seed), "--out", str(out)]
+             "--seed", str(args.seed), "--out", str(out),
+             *(["--batch-size", str(args.batch_size)] if args.batch_size else [])]
     return python_module("benchmarks.tta.tta_worker", *flags, *(["--compute-only"] if compute_only else []))
 
 
@@ -90,7 +91,8 @@ def run_method(args: argparse.Namespace, topology: Topology | Loopback, processe
     nic = isinstance(topology, Topology)
     before = [topology.counters(rank) for rank in range(topology.world_size)] if nic else []
     started = time.monotonic()
-    run_job(topology, processes, lambda rank: worker_command(args, workload, method, outs[rank]), workdir, args.timeout)
+    run_job(topology, processes, lambda rank: worker_command(args, workload, method, outs[rank]), workdir, args.timeout,
+            cycle_time_ms=args.cycle_time_ms)
     record = json.loads(outs[0].read_text())
     record["wall_s"] = time.monotonic() - started
     if nic:
@@ -104,11 +106,14 @@ def run_cell(args: argparse.Namespace, record: dict, workload: str, link_text: s
     key = cell_key(workload, link_text, workers)
     cell = record["cells"].setdefault(key, {"workload": workload, "link": link_text, "workers": workers, "runs": {},
                                             "steps": args.steps, "eval_every": args.eval_every,
-                                            "budget_s": args.budget_s})
-    protocol = (cell["steps"], cell["eval_every"], cell.get("budget_s", 0.0))
-    if protocol != (args.steps, args.eval_every, args.budget_s):
-        raise RuntimeError(f"{key} in {args.record} ran (steps, evaluation interval, budget) {protocol}; this run asks "
-                           f"for {(args.steps, args.eval_every, args.budget_s)}: use the same, or another --record")
+                                            "budget_s": args.budget_s, "cycle_time_ms": args.cycle_time_ms,
+                                            "batch_size": args.batch_size})
+    protocol = (cell["steps"], cell["eval_every"], cell.get("budget_s", 0.0), cell.get("cycle_time_ms"),
+                cell.get("batch_size"))
+    asked = (args.steps, args.eval_every, args.budget_s, args.cycle_time_ms, args.batch_size)
+    if protocol != asked:
+        raise RuntimeError(f"{key} in {args.record} ran (steps, evaluation interval, budget, cycle ms, batch) "
+                           f"{protocol}; this run asks for {asked}: use the same, or another --record")
     todo = [m for m in args.methods if m not in cell["runs"]]
     if not todo:
         print(f"[tta] {key}: every method is in the record already", flush=True)
@@ -158,6 +163,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-samples", type=int, default=10000, help="image: test images per evaluation")
     parser.add_argument("--eval-batches", type=int, default=20, help="language: validation batches per worker")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="per worker (image 64, language 16); the learning rate follows the global batch")
+    parser.add_argument("--cycle-time-ms", type=float, default=5.0,
+                        help="HOROVOD_CYCLE_TIME of every rank: each cycle costs a coordination round trip on the link")
     parser.add_argument("--timeout", type=float, default=5400.0, help="seconds before a run is abandoned")
     parser.add_argument("--loopback", action="store_true", help="no link emulation, even as root")
     parser.add_argument("--record", type=Path, default=REPO / "bench" / "results" / "tta" / "record.json")

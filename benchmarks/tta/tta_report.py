@@ -202,11 +202,19 @@ def bounds(cell: dict) -> str:
     return " / ".join(f"{value:.1f}" for value in measured) + (" (per part)" if len(measured) > 1 else "")
 
 
+def horovod_settings(cell: dict) -> str:
+    """The per-worker batch its runs took and the cell's HOROVOD_CYCLE_TIME (cells recorded before the cycle
+    time was a setting ran at Horovod's default, 1 ms)."""
+    batches = sorted({run["batch_size"] for run in cell["runs"].values() if "batch_size" in run})
+    batch = f"per-worker batch {'/'.join(map(str, batches))}, " if batches else ""
+    return f"{batch}HOROVOD_CYCLE_TIME {cell.get('cycle_time_ms') or 1:g} ms"
+
+
 def cell_markdown(key: str, cell: dict, summary: dict) -> str:
     metric = summary["metric"]
     lines = [f"### {key}: {cell.get('where', '')}", "",
              f"{cell['steps']} steps per method{capped(cell)}, evaluation every {cell['eval_every']} (excluded from "
-             "the clock); "
+             f"the clock); {horovod_settings(cell)}; "
              f"concurrent compute bound {bounds(cell)} samples/s; load "
              f"{' '.join(f'{x:.1f}' for x in cell.get('load', []))}. Target {summary['target']:.4f} "
              f"({summary['target_source']}, loosened), lower target {summary['lower_target']:.4f}; budget {summary['budget_s']:.0f} s.", "",

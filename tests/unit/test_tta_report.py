@@ -94,3 +94,10 @@ def test_a_budget_stopped_fp16_yields_its_target_to_an_unconstrained_loopback_ru
     text = cell_markdown("image/5mbit/2w", part["cells"]["image/5mbit/2w"], summary)
     assert "| fp16 | 0.7000 | >= 600 s (stopped; steps to target x step time) |" in text
     assert "at least 30.00x sooner than fp16 (stopped by the budget)" in text
+
+
+def test_the_header_names_the_batch_and_cycle_time_a_cell_ran_with():
+    older = cell({"fp16": run([[20, 2, 0.80, 0], [40, 4, 0.90, 0]])})
+    assert "per-worker batch 64, HOROVOD_CYCLE_TIME 1 ms;" in cell_markdown("image/5mbit/2w", older, summarize(older))
+    newer = dict(cell({"fp16": dict(run([[20, 2, 0.80, 0], [40, 4, 0.90, 0]]), batch_size=16)}), cycle_time_ms=20.0)
+    assert "per-worker batch 16, HOROVOD_CYCLE_TIME 20 ms;" in cell_markdown("image/2mbit/8w", newer, summarize(newer))
