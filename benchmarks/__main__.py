@@ -3,6 +3,7 @@
     python -m benchmarks --quick                      # one model, one link, < 3 min
     python -m benchmarks                              # the full matrix (long)
     python -m benchmarks --models vgg16 --bandwidths 100mbit --methods dense,pactrain-0.9-fp16
+    python -m benchmarks --models fashion-vgg --methods dense,tf-dense,tf-pactrain-0.9-fp16,keras-pactrain-0.9-fp16
     python -m benchmarks --report-only bench/results/<timestamp>.json
     python -m benchmarks tta --quick                  # time to accuracy (benchmarks/tta/tta.py)
 
@@ -46,7 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help=f"resnet18, 100mbit, {', '.join(QUICK_METHODS)}, 1 warm-up + 3 steps, batch 8")
-    parser.add_argument("--models", type=_list, default=None, help="comma list (default resnet18,vgg16,gpt)")
+    parser.add_argument("--models", type=_list, default=None, help="comma list (default resnet18,vgg16,gpt; also fashion-vgg, "
+                        "the model the TensorFlow methods tf-NAME and keras-NAME run)")
     parser.add_argument("--methods", type=_list, default=None, help=f"comma list (default {','.join(DEFAULT_METHODS)})")
     parser.add_argument("--bandwidths", type=_list, default=None, help="comma list of 100mbit, 1gbit, unthrottled, ...")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="netem delay on every NIC (needs sch_netem)")

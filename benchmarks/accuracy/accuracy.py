@@ -66,6 +66,11 @@ class Task:
 TASKS = {
     "image": Task("image", "examples/pytorch_fashion_mnist.py", ("--model", "vgg", "--lr-schedule", "cosine"),
                   "test_accuracy", "Fashion-MNIST top-1, FashionVGG (4.3 M parameters)", True),
+    # The same model, data and recipe in TensorFlow (Keras layers, a tf.function tape loop): its rows are
+    # against TensorFlow's own dense run.
+    "image-tf": Task("image-tf", "examples/tensorflow2_fashion_mnist.py", ("--model", "vgg", "--lr-schedule", "cosine"),
+                     "test_accuracy", "Fashion-MNIST top-1, FashionVGG in Keras, TensorFlow tape loop (4.3 M parameters)",
+                     True),
     "language": Task("language", "examples/pytorch_char_lm.py",
                      ("--embed-dim", "320", "--layers", "4", "--heads", "4", "--block-size", "128", "--batch-size", "16"),
                      "val_perplexity", "King James char-GPT (5.0 M parameters) validation perplexity", False),
@@ -154,7 +159,7 @@ def example_args(run: Run, args: argparse.Namespace, result_json: Path) -> list[
         flags += ["--prune-updates", str(run.updates)]
     if run.lr_schedule != DEFAULT_LR_SCHEDULE:
         flags += ["--lr-schedule", run.lr_schedule]  # after model_args: the last one counts
-    if run.task.name == "image":
+    if run.task.name.startswith("image"):
         flags += ["--epochs", str(args.epochs)] + (["--max-steps", str(args.max_steps)] if args.max_steps else [])
     else:
         flags += ["--epochs", str(args.lm_epochs), "--val-batches", str(args.lm_val_batches)]
@@ -262,7 +267,7 @@ def markdown_table(runs: list[dict], task: Task) -> str:
         per_step = [r["final_bytes_per_step"] for r in exact or group if r.get("final_bytes_per_step")]
         dense_per_step = mean([r["dense_bytes"] / r["steps"] for r in group])
         lines.append(
-            f"| {sparsity:g} | {ranking} | {values} | {window} | {updates} | {lr_schedule if task.name == 'image' else 'its own'} | {mean([r['sparsity'] for r in group]):.3f} | {metric:.4f} | "
+            f"| {sparsity:g} | {ranking} | {values} | {window} | {updates} | {lr_schedule if task.name.startswith('image') else 'its own'} | {mean([r['sparsity'] for r in group]):.3f} | {metric:.4f} | "
             + ", ".join(f"{r[task.metric]:.4f}" for r in group) + f" | {delta} | "
             f"{mean([r['sent_bytes'] for r in group]) / 1e6:.0f} | "
             + (f"{mean(per_step) / 1e3:.0f}" if per_step else "n/a")

@@ -11,7 +11,10 @@ is a short ramp, packed from step 0 as well: 0.5 at step 0 to the sparsity at st
 step (``pt.short_ramp``). ``ddp``-prefixed names are the same methods on torch
 DistributedDataParallel with its comm hooks (``bench/ddp_methods.py``): ``ddp`` (DDP's own all-reduce),
 ``ddp-fp16`` (``fp16_compress_hook``), ``ddp-powersgd`` (torch's ``powerSGD_hook``), ``ddp-pactrain-0.9-fp16``
-(``pt.ddp.pactrain_hook``).
+(``pt.ddp.pactrain_hook``). ``tf-``-prefixed names run in TensorFlow, a ``tf.function`` tape loop
+(``tf-dense``: ``hvd.DistributedGradientTape``; ``tf-fp16``: with ``hvd.Compression.fp16``;
+``tf-pactrain-0.9-fp16``, ``tf-pactrain-0.9-ternary``: ``pt.DistributedGradientTape``), ``keras-``-prefixed
+names in Keras ``model.fit`` with ``ptk.DistributedOptimizer`` (``throughput/tf_worker.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ DEFAULT_METHODS = ("dense", "fp16", "topk", "powersgd", "pactrain-0.8", "pactrai
 QUICK_METHODS = ("dense", "topk", "powersgd", "pactrain-0.9-fp16")
 TOPK_DENSITY = 0.01
 POWERSGD_RANK = 4
+TF_FRONTENDS = ("tf", "keras")
+TF_METHODS = ("tf-dense", "tf-fp16", "tf-pactrain-0.9-fp16", "tf-pactrain-0.9-ternary",
+              "keras-dense", "keras-fp16", "keras-pactrain-0.9-fp16", "keras-pactrain-0.9-ternary")
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,11 @@ class MethodSpec:
     window: tuple[float, float] | None = None  # PacTrain: (begin, end) as fractions of the run
     ramp: int | None = None  # PacTrain: a short ramp of this many steps from step 0 (``pt.short_ramp``)
     local_steps: int = 0  # PacTrain: steps every rank trains alike on the same batches, uncommunicated, before masks
-    frontend: str = "horovod"  # horovod | ddp
+    frontend: str = "horovod"  # horovod | ddp | tf (a tape loop) | keras (model.fit)
+
+    @property
+    def framework(self) -> str:
+        return "tensorflow" if self.frontend in TF_FRONTENDS else "torch"
 
 
 def parse_method(name: str) -> MethodSpec:
@@ -51,6 +61,12 @@ def parse_method(name: str) -> MethodSpec:
         if spec.kind == "topk" or spec.frontend == "ddp":
             raise ValueError(f"method {name!r}: DDP runs dense, fp16, powersgd and pactrain methods")
         return replace(spec, name=name, frontend="ddp")
+    frontend, _, rest = name.partition("-")
+    if frontend in TF_FRONTENDS and rest:
+        spec = parse_method(rest)
+        if spec.kind not in ("dense", "fp16", "pactrain") or spec.frontend != "horovod":
+            raise ValueError(f"method {name!r}: TensorFlow runs dense, fp16 and pactrain methods")
+        return replace(spec, name=name, frontend=frontend)
     if name == "dense":
         return MethodSpec(name, "dense")
     if name == "fp16":
@@ -75,7 +91,13 @@ def parse_method(name: str) -> MethodSpec:
                           ternary_values=match.group(2) == "-ternary", window=window, ramp=ramp,
                           local_steps=int(match.group(6) or 0))
     raise ValueError(f"unknown method {name!r}: use dense, fp16, topk[-DENSITY], powersgd[-rRANK], "
-                     "pactrain-SPARSITY[-fp16|-ternary][-wBEGIN-END|-rampSTEPS][-localSTEPS], each also as ddp-NAME (ddp alone: dense)")
+                     "pactrain-SPARSITY[-fp16|-ternary][-wBEGIN-END|-rampSTEPS][-localSTEPS], each also as ddp-NAME (ddp alone: dense); "
+                     "dense, fp16 and pactrain also as tf-NAME (tape loop) and keras-NAME (model.fit)")
+
+
+def worker_module(spec: MethodSpec) -> str:
+    """The throughput worker that runs ``spec``: torch's, or TensorFlow's for ``tf-`` and ``keras-`` methods."""
+    return "benchmarks.throughput.tf_worker" if spec.framework == "tensorflow" else "benchmarks.throughput.worker"
 
 
 def pruning_schedule(spec: MethodSpec, total_steps: int | None) -> dict:

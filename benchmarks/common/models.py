@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from benchmarks.common.examples import example
+
 
 class BasicBlock(nn.Module):
     def __init__(self, inplanes: int, planes: int, stride: int = 1) -> None:
@@ -97,9 +99,15 @@ class GPT(nn.Module):
         return self.head(self.norm(x))
 
 
+def fashion_vgg() -> nn.Module:
+    """``examples/pytorch_fashion_mnist.py``'s FashionVGG (4.3 M parameters, 28x28x1 inputs): the model the
+    TensorFlow methods run too, in Keras (``examples/tensorflow2_fashion_mnist.py``)."""
+    return example("pytorch_fashion_mnist").FashionVGG()
+
+
 def build(name: str) -> nn.Module:
-    """``resnet18``, ``vgg16`` or ``gpt``."""
-    models = {"resnet18": ResNet18, "vgg16": VGG16, "gpt": GPT}
+    """``resnet18``, ``vgg16``, ``gpt`` or ``fashion-vgg``."""
+    models = {"resnet18": ResNet18, "vgg16": VGG16, "gpt": GPT, "fashion-vgg": fashion_vgg}
     if name not in models:
         raise ValueError(f"unknown model {name!r}: choose one of {', '.join(models)}")
     return models[name]()
@@ -110,6 +118,8 @@ def synthetic_batch(name: str, batch_size: int, generator: torch.Generator | Non
     if name == "gpt":
         tokens = torch.randint(0, 8192, (batch_size, 129), generator=generator)
         return tokens[:, :-1], tokens[:, 1:]
+    if name == "fashion-vgg":
+        return torch.randn(batch_size, 1, 28, 28, generator=generator), torch.randint(0, 10, (batch_size,), generator=generator)
     return torch.randn(batch_size, 3, 32, 32, generator=generator), torch.randint(0, 10, (batch_size,), generator=generator)
 
 

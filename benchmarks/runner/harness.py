@@ -29,7 +29,7 @@ from pathlib import Path
 import horovod
 import torch
 
-from benchmarks.common.methods import parse_method
+from benchmarks.common.methods import parse_method, worker_module
 from benchmarks.links.links import LinkSpec, Loopback, Topology, delete_namespace, list_namespaces, stale_namespaces
 from benchmarks.runner.rendezvous import slot_env, slot_plan
 from example_support.progress import Progress
@@ -37,12 +37,18 @@ from pactrain_hvd.core.accounting import ring_allreduce_bytes
 
 PROBE_PORT = 5201
 SKIPPED = "skipped by --skip"
-BATCH_SIZES = {"resnet18": 16, "vgg16": 32, "gpt": 4}  # ~1 s per step on one thread of this 2-core CPU
+BATCH_SIZES = {"resnet18": 16, "vgg16": 32, "gpt": 4,  # ~1 s per step on one thread of this 2-core CPU
+               "fashion-vgg": 64}  # the time-to-accuracy image workload's model and batch
 # Variables the harness sets per rank; anything else HOROVOD_* (fusion, cycle time) passes through.
 _RANK_VARIABLES = ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_CONTROLLER",
                    "HOROVOD_CPU_OPERATIONS", "HOROVOD_GLOO_IFACE", "NCCL_SOCKET_IFNAME", "HOROVOD_HOSTNAME",
                    "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
                    "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+# What a TensorFlow rank adds to its record (tf_worker.py): per rank 0, carried into the cell as they are.
+_TF_FIGURES = ("framework", "phases_in_graph", "compute_s", "pack_unpack_s", "traces_first_call", "traces",
+               "reduction_traces", "warmup_step_s")
 
 
 @dataclass
@@ -189,21 +195,23 @@ def probe_links(topology: Topology, processes: Processes, seconds: float) -> dic
             "qdisc": topology.qdiscs(0)}
 
 
-def compute_bound(config: BenchConfig, processes: Processes, model: str, workdir: Path) -> dict:
-    """``world_size`` plain-torch single workers at once, no communication: the step-time floor.
+def compute_bound(config: BenchConfig, processes: Processes, model: str, workdir: Path,
+                  module: str = "benchmarks.throughput.worker") -> dict:
+    """``world_size`` plain single workers at once (``module``'s framework), no communication: the step-time floor.
 
     They run concurrently so that they share the CPU exactly as the ranks of a cell do.
     """
     batch = config.batch_sizes[model]
-    outs = [workdir / f"bound-{model}-{rank}.json" for rank in range(config.world_size)]
-    commands = [python_module("benchmarks.throughput.worker", "--model", model, "--compute-only", "--batch-size", str(batch),
+    outs = [workdir / f"bound-{model}-{module.rsplit('.', 1)[-1]}-{rank}.json" for rank in range(config.world_size)]
+    commands = [python_module(module, "--model", model, "--compute-only", "--batch-size", str(batch),
                               "--warmup", str(config.warmup), "--steps", str(config.steps), "--seed", str(config.seed),
                               "--threads", str(config.threads), "--out", str(out)) for out in outs]
     run_concurrently(processes, commands, [out.with_suffix(".log") for out in outs], config.cell_timeout_s,
                      f"compute bound for {model}")
     ranks = [json.loads(out.read_text()) for out in outs]
     medians = [statistics.median(s["total"] for s in r["steps"]) for r in ranks]
-    return {"model": model, "batch_size": batch, "workers": config.world_size,
+    return {"model": model, "framework": ranks[0].get("framework", "torch"), "batch_size": batch,
+            "workers": config.world_size,
             "step_s_per_worker": medians, "step_s": statistics.median(medians),
             "samples_per_s": sum(batch / m for m in medians),
             "compute_s": statistics.median(statistics.median(s["compute"] for s in r["steps"]) for r in ranks)}
@@ -318,7 +326,7 @@ def run_cell(config: BenchConfig, topology: Topology, processes: Processes, mode
 
     def worker(rank: int) -> list[str]:
         return python_module(
-            "benchmarks.throughput.worker", "--model", model, "--method", method,
+            worker_module(parse_method(method)), "--model", model, "--method", method,
             "--batch-size", str(config.batch_sizes[model]), "--warmup", str(config.warmup),
             "--steps", str(config.steps), "--seed", str(config.seed), "--threads", str(config.threads),
             "--out", str(cell_dir / f"rank{rank}.json"))
@@ -353,6 +361,7 @@ def summarize_cell(ranks: list[dict], link: dict, bound: dict) -> dict:
         "bound_samples_per_s": bound["samples_per_s"], "ratio_to_bound": samples / bound["samples_per_s"],
         "loss_first": ranks[0]["losses"][0], "loss_last": ranks[0]["losses"][-1],
         "pactrain_stats": ranks[0].get("pactrain_stats"), "comm_in_backward": ranks[0].get("comm_in_backward", False),
+        **{key: ranks[0][key] for key in _TF_FIGURES if key in ranks[0]},
     }
 
 
@@ -403,9 +412,9 @@ def run_benchmark(config: BenchConfig) -> dict:
                 for model in config.models:
                     if all(config.skipped(model, link.label, method) for method in config.methods):
                         continue
-                    bound, cells = run_block(config, topology, processes, model, link, results["links"][link.label],
+                    block_bounds, cells = run_block(config, topology, processes, model, link, results["links"][link.label],
                                              workdir, progress)
-                    results["bounds"].append(bound)
+                    results["bounds"].extend(block_bounds)
                     results["cells"].extend(cells)
         finally:
             processes.stop_all()
@@ -415,7 +424,7 @@ def run_benchmark(config: BenchConfig) -> dict:
 
 
 def run_block(config: BenchConfig, topology: Topology, processes: Processes, model: str, link: LinkSpec,
-              probed: dict, workdir: Path, progress: Progress) -> tuple[dict, list[dict]]:
+              probed: dict, workdir: Path, progress: Progress) -> tuple[list[dict], list[dict]]:
     """The compute bound and every method of one model on one link, ``config.repeats`` times over.
 
     The machine is shared and its load drifts, so the bound is measured next to the cells it
@@ -423,19 +432,23 @@ def run_block(config: BenchConfig, topology: Topology, processes: Processes, mod
     each figure is the best round's: the estimate least disturbed by other users, taken the
     same way for the bound and for every method.
     """
-    bounds, rounds = [], []
+    modules = list(dict.fromkeys(worker_module(parse_method(m)) for m in config.methods))  # a bound per framework
+    bounds, rounds = {module: [] for module in modules}, []
     for _ in range(config.repeats):
-        bound = dict(compute_bound(config, processes, model, workdir), link=link.label)
-        bounds.append(bound)
-        say(config, f"compute bound {model} x{config.world_size}, batch {bound['batch_size']}: "
-                    f"{bound['samples_per_s']:.2f} samples/s", progress)
+        for module in modules:
+            bound = dict(compute_bound(config, processes, model, workdir, module), link=link.label)
+            bounds[module].append(bound)
+            say(config, f"compute bound {model} ({bound['framework']}) x{config.world_size}, batch "
+                        f"{bound['batch_size']}: {bound['samples_per_s']:.2f} samples/s", progress)
         progress.update()
-        rounds.append([run_one(config, topology, processes, model, link, method, probed, bound, workdir, progress)
+        rounds.append([run_one(config, topology, processes, model, link, method, probed,
+                               bounds[worker_module(parse_method(method))][-1], workdir, progress)
                        for method in config.methods])
-    best_bound = max(bounds, key=lambda b: b["samples_per_s"])
-    best_bound = dict(best_bound, rounds=[b["samples_per_s"] for b in bounds])
-    cells = [best_round([round_[i] for round_ in rounds], best_bound) for i in range(len(config.methods))]
-    return best_bound, cells
+    best = {module: dict(max(tries, key=lambda b: b["samples_per_s"]), rounds=[b["samples_per_s"] for b in tries])
+            for module, tries in bounds.items()}
+    cells = [best_round([round_[i] for round_ in rounds], best[worker_module(parse_method(method))])
+             for i, method in enumerate(config.methods)]
+    return list(best.values()), cells
 
 
 def best_round(tries: list[dict], bound: dict) -> dict:

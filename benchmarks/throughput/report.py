@@ -9,7 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
-from benchmarks.common.methods import parse_method
+from benchmarks.common.methods import TF_FRONTENDS, parse_method
 from pactrain_hvd.core.accounting import ring_allreduce_bytes
 
 PEERS = ("dense", "fp16", "topk", "powersgd")
@@ -56,16 +56,31 @@ def _rounds(cell: dict) -> str:
     return f" ({', '.join(_fmt(r, '.1f') for r in rounds)})" if len(rounds) > 1 else ""
 
 
-def cell_row(results: dict, cell: dict) -> str:
-    dense = find(results, cell["model"], cell["link"], "dense")
-    vs_dense = cell["samples_per_s"] / dense["samples_per_s"] if dense else None
+def dense_peer(method: str) -> str:
+    """The dense method a cell's *x dense* compares with: its framework's (``tf-dense`` for ``tf-`` methods)."""
+    frontend = parse_method(method).frontend
+    return f"{frontend}-dense" if frontend in TF_FRONTENDS else "dense"
+
+
+def over_dense(results: dict, cell: dict) -> float | None:
+    dense = find(results, cell["model"], cell["link"], dense_peer(cell["method"]))
+    return cell["samples_per_s"] / dense["samples_per_s"] if dense else None
+
+
+def _phases(cell: dict) -> str:
     phases = cell["phases_s"]
+    if cell.get("phases_in_graph"):  # TensorFlow: one graph per step, the rest after forward and backward
+        return f"{_fmt(phases['compute'] * 1e3, '.0f')} / – / {_fmt(phases['comm_wait'] * 1e3, '.0f')} in graph / –"
+    return " / ".join("in backward" if p == "comm_wait" and cell.get("comm_in_backward") else _fmt(phases[p] * 1e3, ".0f")
+                      for p in ("compute", "compress", "comm_wait", "update"))
+
+
+def cell_row(results: dict, cell: dict) -> str:
+    vs_dense = over_dense(results, cell)
     return ("| " + " | ".join([
         cell["model"], cell["link"], cell["method"], _fmt(cell["samples_per_s"]) + _rounds(cell),
         _fmt(cell["ratio_to_bound"]),
-        _fmt(vs_dense), _fmt(cell["step_s"] * 1e3, ".0f"),
-        " / ".join("in backward" if p == "comm_wait" and cell.get("comm_in_backward") else _fmt(phases[p] * 1e3, ".0f")
-                   for p in ("compute", "compress", "comm_wait", "update")),
+        _fmt(vs_dense), _fmt(cell["step_s"] * 1e3, ".0f"), _phases(cell),
         _fmt(cell["ideal_ring_bytes_per_worker"] / 1e6, ".3f"), _fmt(cell["wire_tx_bytes_per_step"] / 1e6, ".3f"),
         f"{_fmt(cell['wire_over_ideal'], '.3f')} ({_fmt(cell.get('data_over_ideal'), '.3f')})",
         _fmt(cell["ideal_wire_s"] * 1e3, ".0f"),
@@ -161,9 +176,10 @@ def header(results: dict) -> str:
         lines.append(f"| {label} | {link['mbit_per_s']:.1f} | {per_rank} | `{link['qdisc'] or 'none'}` |")
     lines += ["", "Concurrent compute bound, measured before each model's cells on each link "
               "(the machine is shared, its load drifts):", "",
-              "| model | measured before link | bound samples/s | step s per worker |", "|---|---|---:|---:|"]
+              "| model | framework | measured before link | bound samples/s | step s per worker |", "|---|---|---|---:|---:|"]
     for bound in results["bounds"]:
-        lines.append(f"| {bound['model']} | {bound['link']} | {bound['samples_per_s']:.2f} | {bound['step_s']:.3f} |")
+        lines.append(f"| {bound['model']} | {bound.get('framework', 'torch')} | {bound['link']} | "
+                     f"{bound['samples_per_s']:.2f} | {bound['step_s']:.3f} |")
     return "\n".join(lines)
 
 
@@ -187,12 +203,73 @@ counter over the timed steps / steps (all frames: Ethernet/IP/TCP headers, ACKs,
 negotiation); *wire/ideal* = that over the ideal bytes, and in brackets the same after
 subtracting the control traffic (the NIC's tx rate during forward passes, when no method has a
 tensor in flight, times the step time: Horovod's 1 ms coordination loop); *ideal wire ms* = ideal
-bytes at the probed link rate."""
+bytes at the probed link rate. TensorFlow cells (`tf-`: a `tf.function` tape loop, `keras-`: `model.fit`)
+are against TensorFlow's own compute bound and dense method; a TensorFlow step is one graph, so its
+phases are forward + backward (timed alone, on every rank at once) and the rest of the step *in graph*
+(reduction, packing, update); its control traffic is not estimated (no separate forward window)."""
+
+
+def framework_rows(results: dict) -> list[dict]:
+    """Each method beside its TensorFlow runs on the same model and link: samples/s, x bound and x dense per
+    framework, the TensorFlow speed-up over torch's (x dense over x dense), and the TensorFlow step's costs."""
+    rows = []
+    for cell in _cells(results):
+        spec = parse_method(cell["method"])
+        if spec.frontend not in TF_FRONTENDS:
+            continue
+        base = cell["method"].partition("-")[2]
+        torch_cell = find(results, cell["model"], cell["link"], base)
+        tf_over, torch_over = over_dense(results, cell), over_dense(results, torch_cell) if torch_cell else None
+        rows.append({
+            "model": cell["model"], "link": cell["link"], "method": cell["method"], "torch_method": base,
+            "samples_per_s": cell["samples_per_s"], "ratio_to_bound": cell["ratio_to_bound"], "over_dense": tf_over,
+            "torch_samples_per_s": torch_cell["samples_per_s"] if torch_cell else None,
+            "torch_ratio_to_bound": torch_cell["ratio_to_bound"] if torch_cell else None, "torch_over_dense": torch_over,
+            "speedup_vs_torch": tf_over / torch_over if tf_over and torch_over else None,
+            "wire_tx_bytes_per_step": cell["wire_tx_bytes_per_step"],
+            "torch_wire_tx_bytes_per_step": torch_cell["wire_tx_bytes_per_step"] if torch_cell else None,
+            "compute_s": cell["phases_s"]["compute"], "rest_s": cell["phases_s"]["comm_wait"],
+            "torch_comm_wait_s": torch_cell["phases_s"]["comm_wait"] if torch_cell else None,
+            "pack_unpack_s": cell.get("pack_unpack_s"),
+            "traces": (cell.get("traces_first_call"), cell.get("traces")),
+        })
+    return rows
+
+
+def framework_table(results: dict) -> str:
+    rows = framework_rows(results)
+    if not rows:
+        return ""
+    lines = ["| model | link | TF method | samples/s | x bound | x dense | torch samples/s | torch x bound | torch x dense "
+             "| TF x dense / torch x dense | wire tx MB TF / torch | TF compute / rest in graph ms | torch comm wait ms "
+             "| pack+unpack ms | traces (first call, end) |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---|"]
+    for r in rows:
+        traces = "–" if r["traces"][1] is None else f"{r['traces'][0]}, {r['traces'][1]}"
+        lines.append("| " + " | ".join([
+            r["model"], r["link"], r["method"], _fmt(r["samples_per_s"]), _fmt(r["ratio_to_bound"]), _fmt(r["over_dense"]),
+            _fmt(r["torch_samples_per_s"]), _fmt(r["torch_ratio_to_bound"]), _fmt(r["torch_over_dense"]),
+            _fmt(r["speedup_vs_torch"]),
+            f"{_fmt(r['wire_tx_bytes_per_step'] / 1e6, '.3f')} / "
+            f"{_fmt(r['torch_wire_tx_bytes_per_step'] and r['torch_wire_tx_bytes_per_step'] / 1e6, '.3f')}",
+            f"{_fmt(r['compute_s'] * 1e3, '.0f')} / {_fmt(r['rest_s'] * 1e3, '.0f')}",
+            _fmt(r["torch_comm_wait_s"] and r["torch_comm_wait_s"] * 1e3, ".0f"),
+            _fmt(r["pack_unpack_s"] and r["pack_unpack_s"] * 1e3, ".1f"), traces]) + " |")
+    return "\n".join(lines)
+
+
+FRAMEWORK_NOTE = """Each TensorFlow method beside the torch method of the same name on the same model and link. *x bound*
+and *x dense* are against each framework's own compute bound and dense method; *TF x dense / torch x dense*
+compares the two speed-ups. *pack+unpack*: packing and unpacking every pruned gradient with the final masks,
+no reduction between (fp16 packing's path; ternary encodes elsewhere). *traces*: the step function's
+traces after its first call and at the end of the cell (equal: no retracing)."""
 
 
 def markdown(results: dict, plots: list[str] | None = None) -> str:
     parts = [header(results), "", "## Results", "", results_table(results), "", COLUMNS_NOTE, "",
              "## Targets (PacTrain 0.9, fp16 values)", "", targets_table(evaluate_targets(results))]
+    if framework_rows(results):
+        parts += ["", "## TensorFlow beside torch", "", framework_table(results), "", FRAMEWORK_NOTE]
     parts.append(failures(results))
     if plots:
         parts += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]

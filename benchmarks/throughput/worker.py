@@ -31,25 +31,12 @@ from benchmarks.baselines.baselines import PowerSGDDistributedOptimizer, TopKDis
 from benchmarks.common import ddp_methods
 from benchmarks.common.methods import MethodSpec, parse_method, pruning_schedule
 from benchmarks.common.models import build, loss_fn, synthetic_batch
+from benchmarks.common.nic import counter_delta, nic_counters, tx_bytes  # noqa: F401 - tta_worker imports them here
 from benchmarks.common.timing import PhaseClock, StepTimes, instrument
 from pactrain_hvd.torch.compression import PacTrainCompressor
 
 LEARNING_RATE = 0.01
 MOMENTUM = 0.9
-
-
-def nic_counters(device: str) -> dict[str, int]:
-    """Kernel counters of ``device`` in this process's namespace (all bytes, headers included)."""
-    base = Path("/sys/class/net") / device / "statistics"
-    return {name: int((base / name).read_text()) for name in ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")}
-
-
-def counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    return {name: after[name] - before[name] for name in before}
-
-
-def tx_bytes(device: str) -> int:
-    return int((Path("/sys/class/net") / device / "statistics" / "tx_bytes").read_text())
 
 
 def make_distributed_optimizer(spec: MethodSpec, optimizer: torch.optim.Optimizer, model: torch.nn.Module,

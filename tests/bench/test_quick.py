@@ -116,3 +116,29 @@ def test_interrupted_run_leaves_nothing_behind(tmp_path):
     output, _ = harness.communicate(timeout=60)
     assert harness.returncode != 0
     assert leftovers(harness.pid) == [], output[-2000:]
+
+
+def test_quick_tensorflow_cells(tmp_path):
+    """The TensorFlow workers in the same harness (a tape loop and Keras ``fit``) on FashionVGG, against their own
+    compute bound: the bytes PacTrain hands Horovod are on the NIC, and the step function does not retrace."""
+    methods = ("tf-pactrain-0.9-fp16", "keras-pactrain-0.9-ternary")
+    harness = start_harness(tmp_path, "--models", "fashion-vgg", "--methods", ",".join(methods),
+                            "--batch-size", "fashion-vgg=16")
+    output, _ = harness.communicate(timeout=600)
+    assert harness.returncode == 0, output[-3000:]
+    assert leftovers(harness.pid) == []
+    results = json.loads(next(tmp_path.glob("2*.json")).read_text())
+    assert [bound["framework"] for bound in results["bounds"]] == ["tensorflow"]
+    cells = {cell["method"]: cell for cell in results["cells"]}
+    assert set(cells) == set(methods) and all("error" not in cell for cell in cells.values())
+    fp16, ternary = (cells[m] for m in methods)
+    # FashionVGG: 17.35 MB dense; 0.9 sparsity (ERK) and fp16 values leave 0.872 MB, as torch's worker hands over
+    assert fp16["payload"]["allreduce_bytes"] == pytest.approx(0.872e6, rel=0.01)
+    assert ternary["payload"]["allreduce_bytes"] < fp16["payload"]["allreduce_bytes"] / 3
+    for cell in cells.values():
+        assert cell["framework"] == "tensorflow" and cell["phases_in_graph"]
+        assert cell["traces"] == cell["traces_first_call"] >= 1  # no retracing after the first call
+        assert cell["wire_tx_bytes_per_step"] >= 0.95 * cell["ideal_ring_bytes_per_worker"]
+        assert cell["step_s"] >= 0.9 * cell["counter_wire_s"], cell
+    assert fp16["pack_unpack_s"] > 0
+    assert "## TensorFlow beside torch" in (tmp_path / "latest.md").read_text()

@@ -91,3 +91,18 @@ def test_a_learning_rate_rewind_is_an_image_variant_whose_flag_comes_after_the_t
     flags = accuracy.example_args(runs[1], args, Path("r.json"))
     assert flags[len(flags) - 1 - flags[::-1].index("--lr-schedule") + 1] == "cosine-rewind"
     assert flags.index("--lr-schedule", flags.index("--lr-schedule") + 1) > flags.index("--sparsity")
+
+
+def test_tensorflow_image_rows_run_the_tf_example_with_the_image_recipe_and_compare_with_tf_dense():
+    args = accuracy.parse_args(["--tasks", "image-tf", "--sparsities", "0", "0.9", "--values", "fp16", "--seeds", "1"])
+    runs = accuracy.planned_runs(args)
+    assert [run.name for run in runs] == ["image-tf-s0-seed1", "image-tf-s0.9-fp16-erk-seed1"]
+    assert runs[0].task.script == "examples/tensorflow2_fashion_mnist.py"
+    flags = accuracy.example_args(runs[1], args, Path("r.json"))
+    assert flags[:4] == ["--model", "vgg", "--lr-schedule", "cosine"]  # the torch image task's model arguments
+    assert flags[flags.index("--epochs") + 1] == "3" and flags[flags.index("--packed-values") + 1] == "fp16"
+    torch_dense = made_up(0.0, 1, 0.95)  # another task: not TensorFlow's dense
+    tf_runs = [dict(made_up(0.0, 1, 0.92), task="image-tf"), dict(made_up(0.9, 1, 0.917), task="image-tf", values="fp16")]
+    table = accuracy.markdown_table([torch_dense, *tf_runs], accuracy.TASKS["image-tf"])
+    assert "TensorFlow tape loop" in table
+    assert "| 0.9 | layer | fp16 | 0.1-0.6 | 10 | cosine | 0.900 | 0.9170 | 0.9170 | -0.30 pp |" in table

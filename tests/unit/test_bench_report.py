@@ -136,3 +136,53 @@ def test_instrument_times_static_and_plain_methods_and_restores_them():
     assert clock.take() > 0 and clock.seconds == 0
     restore()
     assert isinstance(Codec.__dict__["compress"], staticmethod) and Codec.compress(1) == 2
+
+
+def test_tensorflow_method_names_and_their_worker():
+    from benchmarks.common.methods import TF_METHODS, worker_module
+
+    spec = parse_method("tf-pactrain-0.9-ternary")
+    assert (spec.kind, spec.frontend, spec.framework, spec.sparsity, spec.ternary_values) == (
+        "pactrain", "tf", "tensorflow", 0.9, True)
+    assert parse_method("keras-fp16").fp16_values and parse_method("keras-fp16").frontend == "keras"
+    assert worker_module(spec) == "benchmarks.throughput.tf_worker"
+    assert worker_module(parse_method("ddp-fp16")) == "benchmarks.throughput.worker"
+    assert parse_method("pactrain-0.9").framework == "torch"
+    assert all(parse_method(name).framework == "tensorflow" for name in TF_METHODS)
+    for bad in ("tf-topk", "keras-powersgd", "tf-ddp-fp16", "tf-"):
+        with pytest.raises(ValueError):
+            parse_method(bad)
+
+
+def test_tensorflow_cells_sit_beside_torch_with_their_own_dense_and_bound():
+    from benchmarks.throughput.report import framework_rows
+
+    doc = results_doc()
+    doc["cells"] += [
+        _cell("vgg16", "100mbit", "tf-dense", 2.0, bound=20.0, phases_in_graph=True, traces_first_call=2, traces=2),
+        _cell("vgg16", "100mbit", "tf-pactrain-0.9-fp16", 14.0, bound=20.0, phases_in_graph=True, pack_unpack_s=0.004,
+              traces_first_call=2, traces=2),
+    ]
+    rows = {row["method"]: row for row in framework_rows(doc)}
+    assert set(rows) == {"tf-dense", "tf-pactrain-0.9-fp16"}
+    packed = rows["tf-pactrain-0.9-fp16"]
+    assert packed["over_dense"] == pytest.approx(7.0)  # over tf-dense, not torch's dense
+    assert packed["torch_over_dense"] == pytest.approx(9.2)
+    assert packed["speedup_vs_torch"] == pytest.approx(7.0 / 9.2)
+    assert packed["ratio_to_bound"] == pytest.approx(0.7) and packed["torch_ratio_to_bound"] == pytest.approx(0.92)
+    assert packed["traces"] == (2, 2) and packed["pack_unpack_s"] == 0.004
+    text = markdown(doc)
+    assert "## TensorFlow beside torch" in text
+    assert "| vgg16 | 100mbit | tf-pactrain-0.9-fp16 | 14.00 | 0.70 | 7.00 | 9.20 | 0.92 | 9.20 | 0.76 |" in text
+    assert "| 500 / – / 300 in graph / – |" in text  # one graph per step: no compress or update phase of its own
+
+
+def test_summarize_cell_carries_the_tensorflow_figures():
+    payload = {"allreduce_bytes": 1000, "allgather_bytes": 0}
+    ranks = [dict(rank_record(r, [1.0], 1100, payload), framework="tensorflow", phases_in_graph=True, traces=2,
+                  traces_first_call=2, pack_unpack_s=0.003) for r in range(2)]
+    cell = summarize_cell(ranks, {"mbit_per_s": 1.0}, {"samples_per_s": 1.0})
+    assert (cell["framework"], cell["phases_in_graph"], cell["traces"], cell["pack_unpack_s"]) == (
+        "tensorflow", True, 2, 0.003)
+    assert "traces" not in summarize_cell([rank_record(r, [1.0], 1100, payload) for r in range(2)],
+                                          {"mbit_per_s": 1.0}, {"samples_per_s": 1.0})

@@ -1,0 +1,19 @@
+"""A network device's kernel byte counters in this process's namespace (no framework import)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def nic_counters(device: str) -> dict[str, int]:
+    """Kernel counters of ``device`` in this process's namespace (all bytes, headers included)."""
+    base = Path("/sys/class/net") / device / "statistics"
+    return {name: int((base / name).read_text()) for name in ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")}
+
+
+def counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {name: after[name] - before[name] for name in before}
+
+
+def tx_bytes(device: str) -> int:
+    return int((Path("/sys/class/net") / device / "statistics" / "tx_bytes").read_text())
