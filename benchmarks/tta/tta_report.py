@@ -86,10 +86,16 @@ def reference_final(cell: dict) -> tuple[float, str]:
     return runs[first]["curve"][-1][2], f"{first}'s final (no fp16 run)"
 
 
+def global_batch(cell: dict) -> int | None:
+    """Samples a step over all workers (the recipe's learning rate follows it, not the number of workers)."""
+    batches = {run.get("batch_size") for run in cell.get("runs", {}).values()}
+    return cell.get("workers", 0) * batches.pop() if len(batches) == 1 and None not in batches else None
+
+
 def adopt_reference(record: dict, other: dict, name: str) -> None:
     """Give each cell of ``record`` without a complete fp16 (or DDP fp16, dense) run the final metric of that
     run in ``other``'s same cell (or, failing that, in a loopback cell of ``other`` with the same workload,
-    workers and steps), so that a part re-running only some methods, or one whose fp16 a wall-clock budget
+    global batch and steps), so that a part re-running only some methods, or one whose fp16 a wall-clock budget
     stopped, is judged on the target of an unconstrained run of the same steps. The reference's curve is kept:
     it bounds a budget-stopped fp16's time to the target from below."""
     for key, cell in record["cells"].items():
@@ -97,8 +103,8 @@ def adopt_reference(record: dict, other: dict, name: str) -> None:
             continue
         candidates = [other["cells"].get(key, {})] + [
             c for c in other["cells"].values() if str(c.get("where", "")).startswith("loopback")
-            and (c.get("workload"), c.get("workers"), c.get("steps")) == (cell.get("workload"), cell.get("workers"),
-                                                                           cell.get("steps"))]
+            and (c.get("workload"), global_batch(c), c.get("steps")) == (cell.get("workload"), global_batch(cell),
+                                                                         cell.get("steps"))]
         for candidate in candidates:
             method = next((m for m in REFERENCES if m in candidate.get("runs", {})
                            and completed(candidate["runs"][m], candidate)), None)

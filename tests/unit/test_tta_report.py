@@ -101,3 +101,16 @@ def test_the_header_names_the_batch_and_cycle_time_a_cell_ran_with():
     assert "per-worker batch 64, HOROVOD_CYCLE_TIME 1 ms;" in cell_markdown("image/5mbit/2w", older, summarize(older))
     newer = dict(cell({"fp16": dict(run([[20, 2, 0.80, 0], [40, 4, 0.90, 0]]), batch_size=16)}), cycle_time_ms=20.0)
     assert "per-worker batch 16, HOROVOD_CYCLE_TIME 20 ms;" in cell_markdown("image/2mbit/8w", newer, summarize(newer))
+
+
+def test_a_loopback_reference_of_the_same_global_batch_serves_another_number_of_workers():
+    reference = {"cells": {"image/10mbit/2w": dict(cell({"fp16": run([[40, 4, 0.90, 0]])}), workload="image",
+                                                   workers=2, where="loopback, unshaped (True)")}}
+    eight = {"image/2mbit/8w": dict(cell({"powersgd": dict(run([[20, 4, 0.89, 0]]), batch_size=16)}),
+                                    workload="image", workers=8),
+             "image/2mbit/4w": dict(cell({"powersgd": dict(run([[20, 4, 0.89, 0]]), batch_size=64)}),
+                                    workload="image", workers=4)}
+    part = {"cells": eight}
+    adopt_reference(part, reference, "reference/record.json")
+    assert part["cells"]["image/2mbit/8w"]["reference"]["final"] == 0.90  # 8 x 16 = 2 x 64 images a step
+    assert "reference" not in part["cells"]["image/2mbit/4w"]  # 4 x 64: another recipe
