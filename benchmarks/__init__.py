@@ -1,7 +1,7 @@
 """The lab: benchmarks, emulated links, peer compressors, the step model, accuracy runs and the demo.
 
 Not part of the installed package; run from the repository root (``python -m benchmarks ...``).
-Worker processes it starts get the repository root on ``PYTHONPATH`` (``runner/harness.py``).
+Worker processes it starts get the repository root on ``PYTHONPATH`` (``runner/processes.py``).
 The examples' shared helpers (``examples/example_support``) are importable from here too.
 """
 

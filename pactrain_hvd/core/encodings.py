@@ -25,6 +25,11 @@ class ValueEncoding:
     wire: str | None
     quantized: bool = False
 
+    @property
+    def own_wire(self) -> bool:
+        """Whether packed values travel otherwise than ``compression`` sends the tensor's dense values."""
+        return self.wire is not None
+
     def check(self, op_name: str, grouped: bool) -> None:
         """With the reduction it goes with: quantized codes are summed (Average or Sum only), and each tensor's
         codes travel on their own, rounded at that tensor's held scale (no groups)."""

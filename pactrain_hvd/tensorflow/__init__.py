@@ -5,16 +5,8 @@ Keras users: ``pactrain_hvd.tensorflow.keras.DistributedOptimizer``.
 
 from horovod.tensorflow.compression import Compression
 
-from pactrain_hvd.core import (
-    ChangedSettingsWarning,
-    CheckpointError,
-    ConstantSparsity,
-    MaskMismatchError,
-    NonFiniteWeightsError,
-    PolynomialDecay,
-    SettingsMismatchError,
-    short_ramp,
-)
+from pactrain_hvd.core.public import *  # noqa: F403 - the names every frontend shares
+from pactrain_hvd.core.public import __all__ as _shared
 from pactrain_hvd.tensorflow.compression import PacTrainCompressor
 from pactrain_hvd.tensorflow.functions import broadcast_masks, broadcast_variables_at_next_reduction
 from pactrain_hvd.tensorflow.pruning import Pruner, default_prunable
@@ -22,21 +14,14 @@ from pactrain_hvd.tensorflow.state import PacTrainState
 from pactrain_hvd.tensorflow.tape import DistributedGradientTape, PartialDistributedGradientTape
 
 __all__ = [
-    "ChangedSettingsWarning",
-    "CheckpointError",
-    "ConstantSparsity",
+    *_shared,
     "Compression",
     "DistributedGradientTape",
-    "MaskMismatchError",
-    "NonFiniteWeightsError",
-    "SettingsMismatchError",
     "PacTrainCompressor",
     "PacTrainState",
-    "PolynomialDecay",
     "PartialDistributedGradientTape",
     "Pruner",
     "broadcast_masks",
     "broadcast_variables_at_next_reduction",
     "default_prunable",
-    "short_ramp",
 ]

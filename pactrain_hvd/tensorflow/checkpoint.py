@@ -6,6 +6,9 @@ and rounding-noise state (restored only on the same rank, as in torch). Masks ar
 variable's position in binding order (the model's variable order), so they restore into a rebuilt
 model whose generated names differ (Keras numbers layers per process); the saved names serve the
 error messages.
+
+This module knows the format only: ``PacTrainState.snapshot()`` gives the ``SavedState`` to write,
+``PacTrainState.restore()`` takes the one ``parse`` reads.
 """
 
 from __future__ import annotations
@@ -13,15 +16,10 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pactrain_hvd.core import CheckpointError, check_saved_world_size, saved_by_this_rank
-from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
-
-if TYPE_CHECKING:
-    from pactrain_hvd.tensorflow.state import PacTrainState
+from pactrain_hvd.core import CheckpointError
 
 
 @dataclass
@@ -36,6 +34,8 @@ class SavedTernary:
 
 @dataclass
 class SavedState:
+    """What a checkpoint holds of a ``PacTrainState``; residuals and scales are keyed by variable position."""
+
     step: int
     world_size: int | None  # None: written before it was recorded
     masks: list[tuple[int, str, np.ndarray]]  # (position, saved name, mask)
@@ -43,24 +43,22 @@ class SavedState:
     settings: dict | None = None  # None: written before they were recorded
 
 
-def serialize(state: PacTrainState) -> bytes:
-    if state._pending_restore is not None:
-        return state._pending_restore
-    names = sorted(state._pruner.masks)
+def to_bytes(saved: SavedState) -> bytes:
+    """The ``.npz`` blob of ``saved`` (a residual for every saved mask where ternary state is saved)."""
     ternary = {}
-    if state._ternary is not None:
-        scaled = sorted(state._ternary.scales)
-        ternary = {"ternary_rank": np.int64(state.process_set.rank()),
-                   "ternary_noise": state._ternary.noise.generator.state.numpy(),
-                   "scale_positions": np.array([state._names.index(name) for name in scaled], dtype=np.int64),
-                   "ternary_scales": np.array([state._ternary.scales[name].numpy() for name in scaled], np.float32),
-                   **{f"residual_{i}": state._ternary.memory.residuals[name].numpy() for i, name in enumerate(names)}}
+    if saved.ternary is not None:
+        scaled = sorted(saved.ternary.scales)
+        ternary = {"ternary_rank": np.int64(saved.ternary.rank), "ternary_noise": saved.ternary.noise,
+                   "scale_positions": np.array(scaled, dtype=np.int64),
+                   "ternary_scales": np.array([saved.ternary.scales[p] for p in scaled], np.float32),
+                   **{f"residual_{i}": saved.ternary.residuals[position]
+                      for i, (position, _, _) in enumerate(saved.masks)}}
     buffer = io.BytesIO()
-    np.savez(buffer, step=np.int64(state.step_count), world_size=np.int64(state._group_size()),
-             settings=np.array(json.dumps(checkpoint_settings(state.config, state.packed_values))),
-             names=np.array(names, dtype=np.str_),
-             positions=np.array([state._names.index(name) for name in names], dtype=np.int64),
-             **{f"mask_{i}": state._pruner.masks[name] for i, name in enumerate(names)}, **ternary)
+    np.savez(buffer, step=np.int64(saved.step), world_size=np.int64(saved.world_size),
+             settings=np.array(json.dumps(saved.settings)),
+             names=np.array([name for _, name, _ in saved.masks], dtype=np.str_),
+             positions=np.array([position for position, _, _ in saved.masks], dtype=np.int64),
+             **{f"mask_{i}": mask for i, (_, _, mask) in enumerate(saved.masks)}, **ternary)
     return buffer.getvalue()
 
 
@@ -86,55 +84,32 @@ def parse(blob: bytes) -> SavedState:
         raise CheckpointError(f"not a PacTrain state: {error}") from error
 
 
-def deserialize(state: PacTrainState, blob: bytes) -> None:
-    saved = parse(blob)
-    check_saved_settings(saved.settings, checkpoint_settings(state.config, state.packed_values), saved.step,
-                         state.config)
-    check_saved_world_size(saved.world_size, state._group_size())
-    if not state._names:
-        state._pending_restore = bytes(blob)  # applied when the state binds to its variables
-        state._set_step(saved.step)
-        return
-    restore(state, saved)
-
-
-def restore(state: PacTrainState, saved: SavedState) -> None:
-    """Validate ``saved`` against the bound variables, then install it."""
-    names = state._names
+def masks_by_name(saved: SavedState, names: list[str]) -> dict[str, np.ndarray]:
+    """The saved masks under the names of the variables bound at their positions (``names``, in binding order)."""
     masks = {}
     for position, saved_name, mask in saved.masks:
         if position >= len(names):
             raise CheckpointError(f"checkpoint has a mask for variable #{position} ({saved_name!r}), but only "
                                   f"{len(names)} variables are bound here")
         masks[names[position]] = mask
-    try:
-        masks = state._pruner.validate(masks)
-    except (TypeError, ValueError) as error:
-        raise CheckpointError(f"checkpoint does not fit these variables: {error}") from error
-    residuals = _saved_residuals(state, saved.ternary, masks)
+    return masks
+
+
+def scales_by_name(saved: SavedState, names: list[str]) -> dict[str, float]:
+    """The held ternary scales by bound variable name (none where the checkpoint holds none), checked."""
     scales = saved.ternary.scales if saved.ternary else {}
     bad = {names[p] if p < len(names) else p: v for p, v in scales.items() if not (np.isnan(v) or 0 <= v < np.inf)}
     if bad:
         raise CheckpointError(f"checkpoint ternary scales must be >= 0 and finite, or NaN (none held), got {bad}")
-    state._set_step(saved.step)
-    state._install(masks)
-    ternary = state._ternary
-    if ternary is not None:  # none held where the checkpoint has none: that step agrees one
-        ternary.hold_scales({names[p]: v for p, v in scales.items() if p < len(names)})
-    if residuals is not None:
-        ternary.noise.generator.state.assign(saved.ternary.noise)
-        for name, residual in residuals.items():
-            ternary.memory.residuals[name].assign(residual)
+    return {names[p]: v for p, v in scales.items() if p < len(names)}
 
 
-def _saved_residuals(state: PacTrainState, saved: SavedTernary | None, masks: dict[str, np.ndarray]) -> dict | None:
-    """The checkpoint's residuals by name, checked against the masks, if this rank saved them."""
-    if saved is None or state._ternary is None or not saved_by_this_rank(saved.rank, state.process_set.rank):
-        return None
+def residuals_by_name(saved: SavedTernary, names: list[str], packed_sizes: dict[str, int]) -> dict[str, np.ndarray]:
+    """The saved residuals by bound variable name, each checked against its variable's packed length."""
     residuals = {}
     for position, residual in saved.residuals.items():
-        name = state._names[position]
-        expected = int(masks[name].sum()) if state._packs(masks.get(name)) else 0
+        name = names[position]
+        expected = packed_sizes[name]
         if residual.ndim != 1 or residual.size != expected:
             raise CheckpointError(f"ternary residual of {name!r} has shape {residual.shape}, its packed values "
                                   f"number {expected}")

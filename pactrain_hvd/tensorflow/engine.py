@@ -20,6 +20,7 @@ from horovod.common.util import split_list
 from horovod.tensorflow.compression import Compressor
 
 from pactrain_hvd.core.config import scale_factors
+from pactrain_hvd.core.encodings import ENCODINGS
 from pactrain_hvd.tensorflow.compression import PACKED, PacTrainCompressor
 from pactrain_hvd.tensorflow.pruning import backing_variable, build_optimizer, communicates
 
@@ -129,8 +130,9 @@ class HorovodEngine:
             self._dense_bytes[position] = self._pruner.variables[name].shape.num_elements() * grad.dtype.size
             dense.append((index, grad, compressor))
         plain, by_plan = [], []
+        own_wire = ENCODINGS[self.packed_values].own_wire
         for item in dense:
-            (by_plan if self.packed_values != "inherit" and isinstance(item[2], PacTrainCompressor) else plain).append(item)
+            (by_plan if own_wire and isinstance(item[2], PacTrainCompressor) else plain).append(item)
         with tf.device(self.device_dense):
             wires, contexts = [], []
             for index, grad, compressor in plain:

@@ -1,9 +1,13 @@
-"""Error feedback: what rounding left out of a tensor's packed values, added back at its next send."""
+"""Error feedback: what rounding left out of a tensor's packed values, added back at its next send.
+
+The interface and its overflow rule are ``core.memory``'s, shared with the torch frontend."""
 
 from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
+
+from pactrain_hvd.core.memory import remapped
 
 
 class ErrorFeedback:
@@ -33,8 +37,22 @@ class ErrorFeedback:
         residual = self.residuals[name]
         residual.assign(tf.where(tf.reduce_all(tf.math.is_finite(error)), error, residual.read_value()))
 
+    def commit(self) -> None:
+        """Nothing pending: a traced step cannot tell whether it is taken, so each step's error is the memory at
+        once (a step mixed precision skips left it as it was: see ``store``)."""
+
+    def discard(self) -> None:
+        """Nothing pending to drop (see ``commit``)."""
+
     def remap(self, name: str, old_indices: np.ndarray, new_indices: np.ndarray, numel: int) -> None:
         """Move ``name``'s residual from the old surviving coordinates to the new ones (eagerly)."""
-        dense = np.zeros(numel, np.float32)
-        dense[old_indices] = self.residuals[name].numpy()
-        self.residuals[name].assign(dense[new_indices])
+        self.residuals[name].assign(remapped(self.residuals[name].numpy(), old_indices, new_indices, numel))
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The residuals, as host copies by name."""
+        return {name: residual.numpy() for name, residual in self.residuals.items()}
+
+    def load_state_dict(self, residuals: dict[str, np.ndarray]) -> None:
+        """Residuals of the current packed lengths (checked by the caller), by name."""
+        for name, residual in residuals.items():
+            self.residuals[name].assign(residual)

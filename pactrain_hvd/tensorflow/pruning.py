@@ -10,17 +10,8 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from pactrain_hvd.core import (
-    PolynomialSchedule,
-    check_fingerprints,
-    fingerprint_table,
-    magnitude_masks,
-    mask_fingerprint,
-    not_finite,
-    overall_sparsity,
-    prunable_predicate,
-    validate_masks,
-)
+from pactrain_hvd.core import PolynomialSchedule, prunable_predicate
+from pactrain_hvd.core.pruner import HostPruner
 
 Prunable = Callable[[str, tf.Variable], bool] | Iterable[str] | None
 
@@ -127,78 +118,47 @@ def build_optimizer(optimizer: Any, variables: Sequence[Any]) -> None:
         optimizer.build(variables)
 
 
-class Pruner:
-    """What persists between steps for pruning: the host masks, and the Mask Tracker check.
+class Pruner(HostPruner):
+    """What persists between steps for pruning: the host masks, and the Mask Tracker check
+    (``core.pruner.HostPruner``: ``rank``, ``validate``, ``verify``, ``sparsity``). Everything here runs
+    eagerly (between steps, or inside the maintenance ``py_function``); nothing is checked where nothing is
+    communicated (``communicates``)."""
 
-    Masks are recomputed locally on every rank from (identical) weights, then verified: each
-    rank's fingerprints are allgathered and any disagreement raises ``MaskMismatchError``
-    on every rank, naming the tensor, before a single value is communicated with it.
-    Everything here runs eagerly (between steps, or inside the maintenance ``py_function``).
-    The fingerprints carry ``settings`` too (``core.agreement``): every check proves them equal.
-    """
+    framework, kind = "tensorflow", "variables"
+    hint = ("After loading a checkpoint on one rank, call pactrain_hvd.tensorflow.broadcast_masks "
+            "(state, optimizer or tape) next to hvd.broadcast_variables.")
 
-    def __init__(
-        self,
-        named_variables: Mapping[str, tf.Variable],
-        prunable_names: list[str],
-        schedule: PolynomialSchedule,
-        ranking: str = "layer",
-        process_set: hvd.ProcessSet = hvd.global_process_set,
-        settings: Mapping[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, named_variables: Mapping[str, tf.Variable], prunable_names: list[str],
+                 schedule: PolynomialSchedule, ranking: str = "layer",
+                 process_set: hvd.ProcessSet = hvd.global_process_set, settings: Mapping[str, Any] | None = None) -> None:
+        super().__init__(prunable_names, schedule, ranking, settings)
         self.variables = dict(named_variables)
-        self.settings = dict(settings or {})
-        self.prunable_names = list(prunable_names)
-        self.schedule = schedule
-        self.ranking = ranking
         self.process_set = process_set
         self.masks: dict[str, np.ndarray] = {}
-
-    def rank(self, step: int) -> dict[str, np.ndarray]:
-        """Masks at the schedule's target for ``step``, ranked on the current weights and proven equal across
-        ranks (where ranks communicate); nothing is installed (the state installs them with its plan).
-
-        Weights holding NaN or inf raise ``NonFiniteWeightsError`` (on every rank, whichever rank holds them).
-        """
-        weights = {name: self.variables[name].numpy() for name in self.prunable_names}
-        broken = not_finite(weights)
-        if broken:
-            self.verify(step, weights=weights, not_finite=broken)  # raises on every rank that communicates
-        new_masks = magnitude_masks(weights, self.schedule.target(step), self.masks, self.ranking)
-        self.verify(step, new_masks, weights)
-        return new_masks
-
-    def validate(self, masks: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Check names, shapes and dtypes of externally supplied masks; nothing is changed."""
-        return validate_masks(masks, {n: tuple(self.variables[n].shape) for n in self.prunable_names}, "variables")
 
     def install(self, masks: Mapping[str, np.ndarray]) -> None:
         """Replace all masks with validated host masks (the variables are zeroed by the caller)."""
         self.masks = {name: np.array(mask, dtype=np.bool_) for name, mask in masks.items()}
 
-    def verify(self, step: int, masks: Mapping[str, np.ndarray] | None = None,
-               weights: Mapping[str, np.ndarray] | None = None, not_finite: Sequence[str] = ()) -> None:
-        """Mask Tracker: allgather each rank's fingerprint table (masks, schedule ``step``, a digest of the
-        weights the masks were ranked on: ``weights``, else the variables now, and ``settings``); raise on any
-        disagreement, on every rank. ``not_finite``: tensors whose weights cannot be ranked (every rank then
-        raises). Nothing where nothing is communicated (``communicates``)."""
-        if not communicates(self.process_set):
-            return
-        masks = self.masks if masks is None else masks
-        if weights is None:
-            sums = {name: float(tf.reduce_sum(tf.cast(self.variables[name], tf.float64)))
-                    for name in self.prunable_names}
-        else:
-            sums = {name: float(np.sum(weights[name], dtype=np.float64)) for name in self.prunable_names}
-        numels = {name: self.variables[name].shape.num_elements() for name in self.prunable_names}
-        local = fingerprint_table(numels, {name: mask_fingerprint(mask) for name, mask in masks.items()}, step, sums,
-                                  self.settings, not_finite)
-        gathered = hvd.allgather(tf.constant(local), name="pactrain.mask_fingerprints", process_set=self.process_set)
-        check_fingerprints(self.prunable_names, gathered.numpy(), self.process_set.size(), "tensorflow",
-                           "After loading a checkpoint on one rank, call pactrain_hvd.tensorflow.broadcast_masks "
-                           "(state, optimizer or tape) next to hvd.broadcast_variables.", self.settings)
+    # -- the tensor operations HostPruner asks for ---------------------------------------------------
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.variables[name].shape)
 
-    def sparsity(self) -> float:
-        """Fraction of pruned coordinates over all prunable tensors."""
-        return overall_sparsity({name: self.variables[name].shape.num_elements() for name in self.prunable_names},
-                                {name: int(mask.sum()) for name, mask in self.masks.items()})
+    def host_weights(self) -> dict[str, np.ndarray]:
+        return {name: self.variables[name].numpy() for name in self.prunable_names}
+
+    def host_masks(self) -> dict[str, np.ndarray]:
+        return self.masks
+
+    def weight_sums(self, weights: Mapping[str, np.ndarray] | None) -> dict[str, float]:
+        if weights is None:
+            return {name: float(tf.reduce_sum(tf.cast(self.variables[name], tf.float64)))
+                    for name in self.prunable_names}
+        return {name: float(np.sum(weights[name], dtype=np.float64)) for name in self.prunable_names}
+
+    def communicates(self) -> bool:
+        return communicates(self.process_set)
+
+    def allgather(self, table: np.ndarray) -> tuple[np.ndarray, int]:
+        gathered = hvd.allgather(tf.constant(table), name="pactrain.mask_fingerprints", process_set=self.process_set)
+        return gathered.numpy(), self.process_set.size()

@@ -20,13 +20,15 @@ How a step runs, in or out of ``tf.function``:
 2. Per gradient, ``PacTrainCompressor`` reads its mask, surviving indices and plan from
    variables, so the traced graph stays valid across mask changes: nothing is retraced.
 3. Horovod all-reduces the packed vectors (no indices travel), the compressor scatters back.
+
+The class is assembled from one module per concept: ``binding.py`` (variables join the state),
+``maintenance.py`` (masks, plan, schedule and Mask Tracker between steps), ``engine.py`` (the
+all-reduces); checkpoints go through ``snapshot`` and ``restore`` (the format: ``checkpoint.py``).
 """
 
 from __future__ import annotations
 
 import inspect
-import warnings
-from collections.abc import Iterable, Sequence
 from typing import Any
 
 import horovod.tensorflow as hvd
@@ -35,31 +37,28 @@ import tensorflow as tf
 from horovod.tensorflow.compression import Compression, Compressor
 
 from pactrain_hvd.core import (
+    CheckpointError,
     StepStats,
     TensorStats,
-    should_pack,
+    check_saved_world_size,
+    saved_by_this_rank,
 )
 from pactrain_hvd.core.agreement import horovod_settings
 from pactrain_hvd.core.config import pactrain_keywords, reduce_op_name
 from pactrain_hvd.core.encodings import ENCODINGS, packed_values_argument
 from pactrain_hvd.core.lanes import ternary_layout
+from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
 from pactrain_hvd.tensorflow import checkpoint
 from pactrain_hvd.tensorflow.arguments import checked_arguments
-from pactrain_hvd.tensorflow.compression import PACKED_WIRES, UNMASKED, PacTrainCompressor
+from pactrain_hvd.tensorflow.binding import Binding
+from pactrain_hvd.tensorflow.compression import PACKED_WIRES, PacTrainCompressor
 from pactrain_hvd.tensorflow.engine import HorovodEngine
-from pactrain_hvd.tensorflow.own_masks import sync_tfmot_masks
+from pactrain_hvd.tensorflow.maintenance import DUE_NOW, Maintenance
 from pactrain_hvd.tensorflow.pruning import (
     Pruner,
     backing_variable,
-    build_optimizer,
-    optimizer_slots,
-    select_prunable,
-    variable_names,
 )
 from pactrain_hvd.tensorflow.ternary import TernaryReduction
-
-_NEVER = np.iinfo(np.int64).max
-_DUE_NOW = -1  # ``_next_due`` value: maintain (and verify) at the next step, whatever its number
 
 
 def state_arguments(**kwargs: Any) -> dict[str, Any]:
@@ -70,7 +69,7 @@ def state_arguments(**kwargs: Any) -> dict[str, Any]:
     return dict(bound.arguments)
 
 
-class PacTrainState(HorovodEngine, tf.train.experimental.PythonState):
+class PacTrainState(Binding, Maintenance, HorovodEngine, tf.train.experimental.PythonState):
     """What persists between steps: schedule position, masks, packing plan, wire accounting.
 
     Takes Horovod's reduction arguments (``compression``, ``op``, ``gradient_predivide_factor``,
@@ -169,7 +168,7 @@ class PacTrainState(HorovodEngine, tf.train.experimental.PythonState):
         with tf.init_scope():
             self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="pactrain_step")
             # The first step verifies (every rank makes one); later, the steps ``_maintain`` chooses.
-            self._next_due = tf.Variable(_DUE_NOW, dtype=tf.int64, trainable=False, name="pactrain_next_maintenance")
+            self._next_due = tf.Variable(DUE_NOW, dtype=tf.int64, trainable=False, name="pactrain_next_maintenance")
             self._sent_bytes = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False,
                                            name="pactrain_sent_bytes")
         self._communicate_eagerly = tf.function(self._communicate)
@@ -234,179 +233,63 @@ class PacTrainState(HorovodEngine, tf.train.experimental.PythonState):
     def is_local(self, variable: Any) -> bool:
         return backing_variable(variable).ref() in self._local
 
-    # -- binding to variables -------------------------------------------------------------------
-    @tf.autograph.experimental.do_not_convert
-    def bind(self, variables: Sequence[Any]) -> tuple[int, ...]:
-        """Register variables (idempotent); returns their positions. Safe inside ``tf.function``."""
-        backing = [backing_variable(v) for v in variables]
-        new = [(v, b) for v, b in zip(variables, backing) if b.ref() not in self._positions]
-        if new:
-            tracing = not tf.executing_eagerly()
-            try:
-                with tf.init_scope():
-                    # Variables a trace creates (a model Keras builds at its first call) hold their values only
-                    # when the traced step runs: masks installed now are applied to them by the step's graph ops.
-                    self._zero_in_graph = tracing and not all(bool(b.is_initialized()) for _, b in new)
-                    self._register(new)
-            finally:
-                self._zero_in_graph = False
-        return tuple(self._positions[b.ref()] for b in backing)
-
-    def _register(self, new: list[tuple[Any, tf.Variable]]) -> None:
-        names = variable_names([v for v, _ in new])
-        taken = set(self._names)
-        clashes = sorted(name for name in names if name in taken)
-        if clashes:
-            raise ValueError(f"variables named {', '.join(clashes)} are already bound to this PacTrainState under the "
-                             "same names: use one state per set of variables")
-        named = dict(zip(names, (b for _, b in new)))
-        own_masks = {}
-        if self._own_masks is not None:  # the first binding: names are known now
-            own_masks, self._tfmot_masks = self._own_masks.resolve(named)
-            self._own_masks = None
-        prunable = sorted(own_masks) if own_masks and self.prunable is None else select_prunable(named, self.prunable)
-        for name, variable in named.items():
-            self._positions[variable.ref()] = len(self._names)
-            self._names.append(name)
-            self._pruner.variables[name] = variable
-            if name in prunable:
-                self._pruner.prunable_names.append(name)
-                self._compressors[name] = PacTrainCompressor(shape=variable.shape, value_compression=self.compression)
-                if self._ternary is not None:
-                    self._ternary.track(name)
-        self._sent_bytes.assign(-tf.ones([len(self._names)], tf.int64))
-        if own_masks:
-            self.set_masks(own_masks)  # proven equal on all ranks at the first step
-        if self._pending_restore is not None:
-            blob, self._pending_restore = self._pending_restore, None
-            checkpoint.restore(self, checkpoint.parse(blob))
-
-    @tf.autograph.experimental.do_not_convert
-    def reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
-        """``HorovodEngine.reduce``, after what must come before this step's maintenance: a broadcast asked for
-        by ``broadcast_variables_at_next_reduction`` (variables bound and the optimizer built first, so all
-        exist), then the zeroing of masks installed when a trace bound the variables (see ``bind``)."""
-        bound = len(self._names)
-        shared = [variable for variable in variables if not self.is_local(variable)]
-        self.bind(shared)
-        if len(self._names) > bound:  # as HorovodEngine.reduce would, before anything reads the slots
-            with tf.init_scope():
-                build_optimizer(self.optimizer, variables)
-        before = [] if self._broadcast_request is None else [self._broadcast_request(shared)]
-        if self._zero_due is not None:
-            with tf.control_dependencies(before):
-                before = [tf.cond(self._zero_due.read_value(), self._zero_pruned_once, lambda: tf.constant(False))]
-        if not before:
-            return super().reduce(grads, variables)
-        with tf.control_dependencies(before):
-            return super().reduce(grads, variables)
-
-    def _zero_pruned_once(self) -> tf.Tensor:
-        self._zero_pruned()
-        self._zero_due.assign(False)
-        return tf.constant(True)
-
-    # -- maintenance: between steps, eagerly ----------------------------------------------------
-    def _install(self, masks: dict[str, np.ndarray], zero_now: bool = True) -> None:
-        """New masks and plan (local only); ``zero_now``: zero what they prune, here and now (a
-        traced step does that with graph ops instead: see ``_communicate``)."""
-        self._pruner.install(masks)
-        sync_tfmot_masks(self._tfmot_masks, self._pruner.masks)
-        for name, compressor in self._compressors.items():
-            mask = self._pruner.masks.get(name)
-            packed = self._packs(mask)
-            previous = compressor.surviving_indices.numpy() if self._ternary is not None else None
-            compressor.set_mask(mask, packed)
-            self._packed[name] = packed
-            if self._ternary is not None:
-                self._ternary.memory.remap(name, previous, compressor.surviving_indices.numpy(),
-                                           compressor.shape.num_elements())
-        if zero_now and self._zero_in_graph:
-            if self._zero_due is None:
-                self._zero_due = tf.Variable(False, trainable=False, name="pactrain_zero_due")
-            self._zero_due.assign(True)
-        elif zero_now:
-            self._zero_pruned()
-
-    def _packs(self, mask: np.ndarray | None) -> bool:
-        """The plan for a tensor with this mask: pack its surviving values (else send it dense)."""
-        return mask is not None and should_pack(mask.size, int(mask.sum()), self.config.pack_min_numel,
-                                                self.config.pack_max_density)
-
-    def _zero_pruned(self) -> tf.Tensor:
-        """Pruned weights and their optimizer slots (momentum, Adam moments) become 0, so nothing
-        revives them; reads the mask variables, eagerly or as graph ops."""
-        for name, compressor in self._compressors.items():
-            weight = self._pruner.variables[name]
-            for variable in (weight, *optimizer_slots(self.optimizer, weight)):
-                variable.assign(tf.where(compressor.mask, variable, tf.zeros_like(variable)))
-        return tf.constant(True)
-
     def share_settings(self, **settings: Any) -> None:
         """More settings every rank must hold the same (proven at every Mask Tracker check, the first step's
         included), e.g. the Keras optimizer's ``backward_passes_per_step``."""
         self._pruner.settings.update(settings)
 
-    def request_verification(self) -> None:
-        """Verify masks at the next step. Only for calls every rank makes (``broadcast_masks``, elastic
-        sync): a rank that verifies alone waits for the others forever."""
-        self._next_due.assign(_DUE_NOW)
-
-    def _set_step(self, step: int) -> None:
-        """Move the schedule position (a restore); the next maintenance follows from it, nothing more."""
-        self._step.assign(step)
-        if int(self._next_due.numpy()) != _DUE_NOW:
-            self._next_due.assign(self._next_maintenance_after(step - 1))
-
-    def _maintenance_due(self, step: Any) -> tf.Tensor:
-        due = self._next_due.read_value()
-        return tf.logical_or(tf.equal(step, due), tf.equal(due, _DUE_NOW))
-
-    def _maintain(self, step: int, zero_now: bool = True) -> bool:
-        """Schedule update and/or Mask Tracker check due at ``step``; then when to come back.
-        Returns whether the masks changed."""
-        cfg = self.config
-        changed = cfg.schedule.is_update_step(step)
-        if changed:
-            if self.optimizer is None and not self._pruner.masks:
-                warnings.warn("PacTrainState has no optimizer: its slots (momentum, Adam moments) will not be "
-                              "cleared at pruned coordinates. Pass optimizer=...", stacklevel=3)
-            self._install(self._pruner.rank(step), zero_now)
-        elif int(self._next_due.numpy()) == _DUE_NOW or cfg.verifies_at(step):
-            self._pruner.verify(step)
-        self._next_due.assign(self._next_maintenance_after(step))
-        return changed
-
-    def _next_maintenance_after(self, step: int) -> int:
-        following = self.config.next_maintenance_after(step)
-        return _NEVER if following is None else following
-
-    def _maintain_in_graph(self, step: tf.Tensor) -> bool:
-        """The ``py_function`` body. TF re-raises a Python error from here as ``tf.errors.UnknownError``
-        whose message carries it, e.g. ``MaskMismatchError: pruning masks differ across ranks: ...``."""
-        return self._maintain(int(step), zero_now=False)
-
-    @tf.autograph.experimental.do_not_convert
-    def enforce(self, variables: Iterable[Any]) -> None:
-        """Pruned weights become exactly 0 (+0.0) whatever the optimizer did; graph-safe, skipped while unmasked."""
-        for variable in variables:
-            backing = backing_variable(variable)
-            position = self._positions.get(backing.ref())
-            compressor = None if position is None else self._compressors.get(self._names[position])
-            if compressor is not None:
-                tf.cond(tf.equal(compressor.plan.read_value(), UNMASKED), lambda: tf.constant(False),
-                        lambda b=backing, c=compressor: _zero_pruned(b, c.mask))
-
     # -- checkpoints (tf.train.Checkpoint calls these; the format: checkpoint.py) --------------------
     def serialize(self) -> bytes:
         """Schedule position and masks (and ternary's held scales, error memory and noise) as bytes."""
-        return checkpoint.serialize(self)
+        if self._pending_restore is not None:
+            return self._pending_restore
+        return checkpoint.to_bytes(self.snapshot())
 
     def deserialize(self, string_value: bytes) -> None:
         """Restore schedule position and masks; local, validated before anything changes."""
-        checkpoint.deserialize(self, string_value)
+        saved = checkpoint.parse(string_value)
+        check_saved_settings(saved.settings, checkpoint_settings(self.config, self.packed_values), saved.step,
+                             self.config)
+        check_saved_world_size(saved.world_size, self._group_size())
+        if not self._names:
+            self._pending_restore = bytes(string_value)  # applied when the state binds to its variables
+            self._set_step(saved.step)
+            return
+        self.restore(saved)
+
+    def snapshot(self) -> checkpoint.SavedState:
+        """What a checkpoint saves: schedule position, world size, settings and masks (by variable position);
+        with ternary values the held scales and this rank's error memory and rounding-noise state."""
+        names = sorted(self._pruner.masks)
+        masks = [(self._names.index(name), name, self._pruner.masks[name]) for name in names]
+        ternary = None
+        if self._ternary is not None:
+            residuals = self._ternary.memory.state_dict()
+            ternary = checkpoint.SavedTernary(
+                self.process_set.rank(), self._ternary.noise.generator.state.numpy(),
+                {position: residuals[name] for position, name, _ in masks},
+                {self._names.index(name): float(scale.numpy()) for name, scale in self._ternary.scales.items()})
+        return checkpoint.SavedState(self.step_count, self._group_size(), masks, ternary,
+                                     checkpoint_settings(self.config, self.packed_values))
+
+    def restore(self, saved: checkpoint.SavedState) -> None:
+        """Install a checkpoint's state into the bound variables; validated before anything changes. Local."""
+        try:
+            masks = self._pruner.validate(checkpoint.masks_by_name(saved, self._names))
+        except (TypeError, ValueError) as error:
+            raise CheckpointError(f"checkpoint does not fit these variables: {error}") from error
+        residuals = None
+        if (saved.ternary is not None and self._ternary is not None
+                and saved_by_this_rank(saved.ternary.rank, self.process_set.rank)):
+            residuals = checkpoint.residuals_by_name(saved.ternary, self._names, {
+                name: int(mask.sum()) if self._packs(mask) else 0 for name, mask in masks.items()})
+        scales = checkpoint.scales_by_name(saved, self._names)
+        self._set_step(saved.step)
+        self._install(masks)
+        if self._ternary is not None:  # none held where the checkpoint has none: that step agrees one
+            self._ternary.hold_scales(scales)
+        if residuals is not None:
+            self._ternary.noise.generator.state.assign(saved.ternary.noise)
+            self._ternary.memory.load_state_dict(residuals)
 
 
-def _zero_pruned(weight: tf.Variable, mask: tf.Variable) -> tf.Tensor:
-    weight.assign(tf.where(mask, weight, tf.zeros_like(weight)))
-    return tf.constant(True)

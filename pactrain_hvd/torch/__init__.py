@@ -2,16 +2,8 @@
 
 from horovod.torch.compression import Compression
 
-from pactrain_hvd.core import (
-    ChangedSettingsWarning,
-    CheckpointError,
-    ConstantSparsity,
-    MaskMismatchError,
-    NonFiniteWeightsError,
-    PolynomialDecay,
-    SettingsMismatchError,
-    short_ramp,
-)
+from pactrain_hvd.core.public import *  # noqa: F403 - the names every frontend shares
+from pactrain_hvd.core.public import __all__ as _shared
 from pactrain_hvd.torch import ddp
 from pactrain_hvd.torch.checkpoint import load_checkpoint, save_checkpoint
 from pactrain_hvd.torch.compression import PacTrainCompressor
@@ -22,24 +14,17 @@ from pactrain_hvd.torch.pruning import Pruner, default_prunable
 from pactrain_hvd.torch.state import PacTrainState
 
 __all__ = [
-    "ChangedSettingsWarning",
-    "CheckpointError",
-    "ConstantSparsity",
+    *_shared,
     "Compression",
     "DistributedOptimizer",
-    "MaskMismatchError",
-    "NonFiniteWeightsError",
-    "SettingsMismatchError",
     "PacTrainCompressor",
     "PacTrainState",
-    "PolynomialDecay",
     "PacTrainStateHandler",
     "Pruner",
     "broadcast_masks",
     "broadcast_optimizer_state",
     "ddp",
     "default_prunable",
-    "short_ramp",
     "load_checkpoint",
     "save_checkpoint",
 ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numbers
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,6 @@ import torch
 
 from pactrain_hvd.core import CheckpointError, check_saved_world_size, saved_by_this_rank, while_running
 from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
-from pactrain_hvd.torch.pruning import Pruner, host_masks
 from pactrain_hvd.torch.state import PacTrainState
 
 _MASK_KEY, _STEP_KEY, _SCALES_KEY = "pactrain.mask", "pactrain.step", "pactrain.scales"
@@ -51,11 +51,11 @@ def with_pactrain(state: PacTrainState, inner: dict, optimized: list[torch.Tenso
         if "scales" in exported:
             additions[0][_SCALES_KEY] = exported["scales"]
         for name, flags in exported["masks"].items():
-            additions.setdefault(index[id(state._parameters[name])], {})[_MASK_KEY] = flags
+            additions.setdefault(index[id(state.parameters[name])], {})[_MASK_KEY] = flags
         for pid, entries in additions.items():  # new dicts: the wrapped optimizer's own stay as they are
             inner["state"][pid] = {**inner["state"].get(pid, {}), **entries}
-    if state._ternary is not None:
-        inner["pactrain"]["ternary"] = state._ternary.state_dict()
+    if state.ternary is not None:
+        inner["pactrain"]["ternary"] = state.ternary.state_dict()
         inner["pactrain"]["ternary_scales"] = exported["scales"]
     return inner
 
@@ -72,31 +72,33 @@ def without_pactrain(state_dict: dict) -> tuple[dict, Any]:
 
 def validated(state: PacTrainState, pactrain: Any) -> SavedState:
     """``pactrain`` checked against ``state``'s parameters, world size and codec; ``CheckpointError`` if it does not fit."""
-    step, masks = saved_step_and_masks(state._pruner, pactrain, "the 'pactrain' entry of the optimizer state dict")
+    step, masks = saved_step_and_masks(state.fit_masks, pactrain, "the 'pactrain' entry of the optimizer state dict")
     check_saved_settings(pactrain.get("settings", {"sparsity": pactrain["sparsity"]} if "sparsity" in pactrain else None),
                          checkpoint_settings(state.config, state.packed_values), step, state.config)
     current = while_running(state.process_set.size)
     if current is not None:
         check_saved_world_size(pactrain.get("world_size"), current)
-    if state._ternary is None:
+    if state.ternary is None:
         return SavedState(step, masks, None, None)
     saved_ternary = _saved_ternary(state, pactrain.get("ternary"), masks)
     scales = pactrain.get("ternary_scales")
-    count = len(state._parameters)
+    count = len(state.parameters)
     if scales is not None and (not isinstance(scales, torch.Tensor) or scales.shape != (count,)):
         raise CheckpointError(f"checkpoint 'ternary_scales' must be a tensor of {count} values, one per parameter")
     return SavedState(step, masks, scales, saved_ternary)
 
 
-def saved_step_and_masks(pruner: Pruner, saved: Any, what: str) -> tuple[int, dict[str, np.ndarray]]:
-    """The schedule position and masks of ``saved`` (``what``, in messages), checked against ``pruner``'s tensors."""
+def saved_step_and_masks(fit_masks: Callable[[Any], dict[str, np.ndarray]], saved: Any,
+                         what: str) -> tuple[int, dict[str, np.ndarray]]:
+    """The schedule position and masks of ``saved`` (``what``, in messages), masks checked by ``fit_masks``
+    (a state's: validated host masks of its tensors, or ``TypeError`` / ``ValueError``)."""
     if not isinstance(saved, dict) or not {"step", "masks"} <= set(saved):
         raise CheckpointError(f"{what} needs 'step' and 'masks'")
     step = saved["step"]
     if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
         raise CheckpointError(f"checkpoint step must be an int >= 0, got {step!r}")
     try:
-        return int(step), pruner.validate(host_masks(saved["masks"], flags=True))
+        return int(step), fit_masks(saved["masks"])
     except (TypeError, ValueError) as error:
         raise CheckpointError(f"checkpoint does not fit this model: {error}") from error
 
@@ -109,7 +111,7 @@ def _saved_ternary(state: PacTrainState, saved: Any, masks: dict[str, np.ndarray
         raise CheckpointError("the 'ternary' entry of the 'pactrain' state needs 'rank', 'noise' and 'residuals'")
     if not saved_by_this_rank(saved["rank"], state.process_set.rank):
         return None
-    state._ternary.memory.validate(saved["residuals"], {name: int(mask.sum()) for name, mask in masks.items()})
+    state.ternary.memory.validate(saved["residuals"], {name: int(mask.sum()) for name, mask in masks.items()})
     return saved
 
 
@@ -118,11 +120,7 @@ def restore(state: PacTrainState, saved: SavedState) -> None:
     checkpoint it is), and where this rank saved it, its ternary error memory and noise."""
     state.adopt(saved.step, saved.masks, saved.scales)
     if saved.ternary is not None:
-        ternary = state._ternary
-        ternary.noise.load_state_dict(saved.ternary["noise"])
-        ternary.memory.residuals = {name: residual.to(state._parameters[name].device)
-                                    for name, residual in saved.ternary["residuals"].items()
-                                    if state.compressor(state._parameters[name]).lanes is not None}
+        state.load_ternary(saved.ternary)
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:

@@ -39,8 +39,8 @@ class HorovodEngine:
 
     def _start_engine(self, state: PacTrainState, groups: int | list[list[torch.Tensor]] | None) -> None:
         self._pactrain = state
-        self._parameters = state._parameters  # name -> parameter, in name order
-        self._names = state._names
+        self._parameters = state.parameters  # name -> parameter, in name order
+        self._names = state.names
         self._communicating = state.communicating
         self._warned_sparse: set[torch.Tensor] = set()
         self._handles: dict[Any, tuple[Any, Any]] = {}
@@ -101,7 +101,7 @@ class HorovodEngine:
         """Launch ``p``'s ternary all-reduce (see ``TernaryReduction``): from the hook, no blocking collective."""
         state = self._pactrain
         state.follow_world_size()
-        ternary = state._ternary
+        ternary = state.ternary
         send = ternary.start(self._names[p], self._local_grad(p), state.compressor(p), average=self.op == hvd.Average)
         state.record(p, 4 * ternary.layout.words(send.values.numel()) + SCALE_BYTES)  # int32 words + the MAX
         return send, None

@@ -17,14 +17,14 @@ def broadcast_masks(optimizer: DistributedOptimizer, root_rank: int = 0) -> None
     if not isinstance(optimizer, DistributedOptimizer):
         raise TypeError(f"broadcast_masks needs a pactrain_hvd.torch.DistributedOptimizer, got {type(optimizer).__name__}")
     state, process_set = optimizer.pactrain_state, optimizer.process_set
-    pruner, ternary = state._pruner, state._ternary
-    scales = ternary.scale_vector(list(state._parameters)) if ternary is not None else None
-    header = hvd.broadcast_object({"step": state.step_count, "masked": sorted(pruner.masks), "scales": scales},
+    held, ternary = state.masks(), state.ternary
+    scales = ternary.scale_vector(list(state.parameters)) if ternary is not None else None
+    header = hvd.broadcast_object({"step": state.step_count, "masked": sorted(held), "scales": scales},
                                   root_rank, name="pactrain.masks_header", process_set=process_set)
     masks = {}
     for name in header["masked"]:
-        param = pruner.parameters[name]
-        local = pruner.masks.get(name)
+        param = state.parameters[name]
+        local = held.get(name)
         flags = (local if local is not None else torch.ones_like(param, dtype=torch.bool)).to(torch.uint8)
         flags = hvd.broadcast(flags.cpu(), root_rank, name=f"pactrain.mask.{name}", process_set=process_set)
         masks[name] = flags.numpy().astype(np.bool_)

@@ -1,4 +1,6 @@
-"""Error feedback: what rounding left out of a tensor's packed values, added back at its next send."""
+"""Error feedback: what rounding left out of a tensor's packed values, added back at its next send.
+
+The interface and its overflow rule are ``core.memory``'s, shared with the TF frontend."""
 
 from __future__ import annotations
 
@@ -23,10 +25,15 @@ class ErrorFeedback:
         self.residuals: dict[str, torch.Tensor] = {}
         self.pending: dict[str, torch.Tensor] = {}
 
-    def add_(self, name: str, values: torch.Tensor) -> torch.Tensor:
+    def track(self, name: str) -> None:
+        """Nothing to prepare: a residual appears at its tensor's first ``store``."""
+
+    def add(self, name: str, values: torch.Tensor) -> torch.Tensor:
         """``values`` plus ``name``'s residual, in place: ``values`` is the caller's own buffer (the gathered survivors)."""
         residual = self.residuals.get(name)
         return values if residual is None else values.add_(residual)
+
+    add_ = add  # the in-place spelling
 
     def store(self, name: str, values: torch.Tensor, dequantized: torch.Tensor) -> None:
         """What rounding left out, pending, computed in ``values``' buffer (consumed); where that is not finite (an
@@ -42,6 +49,10 @@ class ErrorFeedback:
         self.residuals.update(self.pending)
         self.pending.clear()
 
+    def discard(self) -> None:
+        """The step in flight is abandoned (a state dict is loaded): its errors are not kept."""
+        self.pending.clear()
+
     def remap(self, name: str, old_indices: torch.Tensor | None, new_indices: torch.Tensor | None, numel: int) -> None:
         """Move ``name``'s residual from the old surviving coordinates to the new ones (None: drop it)."""
         residual = self.residuals.pop(name, None)
@@ -50,6 +61,15 @@ class ErrorFeedback:
         dense = residual.new_zeros(numel)
         dense.index_copy_(0, old_indices, residual)
         self.residuals[name] = dense.index_select(0, new_indices)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The residuals, as host copies by name."""
+        return {name: r.detach().cpu().clone() for name, r in self.residuals.items()}
+
+    def load_state_dict(self, residuals: dict[str, torch.Tensor], devices: dict[str, torch.device]) -> None:
+        """Residuals checked by ``validate``, each moved to its tensor's device; nothing pending."""
+        self.residuals = {name: residual.to(devices[name]) for name, residual in residuals.items()}
+        self.pending.clear()
 
     def validate(self, residuals: Any, kept: dict[str, int]) -> dict[str, torch.Tensor]:
         """Saved residuals, checked against the surviving counts of the masks they go with."""

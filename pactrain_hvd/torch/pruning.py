@@ -10,17 +10,9 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
-from pactrain_hvd.core import (
-    PolynomialSchedule,
-    check_fingerprints,
-    fingerprint_table,
-    magnitude_masks,
-    mask_fingerprint,
-    not_finite,
-    overall_sparsity,
-    prunable_predicate,
-    validate_masks,
-)
+from pactrain_hvd.core import PolynomialSchedule, mask_fingerprint, prunable_predicate
+from pactrain_hvd.core.cycle import PruningCycle
+from pactrain_hvd.core.pruner import HostPruner
 
 Prunable = Callable[[str, torch.Tensor], bool] | Iterable[str] | None
 
@@ -57,14 +49,12 @@ def horovod_exchange(process_set: hvd.ProcessSet) -> TableExchange:
              "(it carries masks and schedule position) or pt.broadcast_masks(optimizer).")
 
 
-class Pruner:
-    """What persists between steps for pruning: the masks, and the Mask Tracker check.
+class Pruner(HostPruner):
+    """What persists between steps for pruning: the masks on the parameters' devices, and the Mask Tracker
+    check (``core.pruner.HostPruner``: ``rank``, ``validate``, ``verify``, ``sparsity``), moved by
+    ``exchange`` (Horovod's allgather by default; the DDP hook passes ``torch.distributed``'s)."""
 
-    Masks are recomputed locally on every rank from (identical) weights, then verified: each
-    rank's fingerprints are allgathered and any disagreement raises ``MaskMismatchError``
-    on every rank, naming the tensor, before a single value is communicated with it. The
-    fingerprints carry ``settings`` too (``core.agreement``): every check proves them equal.
-    """
+    framework, kind = "torch", "parameters"
 
     def __init__(
         self,
@@ -76,13 +66,11 @@ class Pruner:
         exchange: TableExchange | None = None,
         settings: Mapping[str, Any] | None = None,
     ) -> None:
+        super().__init__(prunable_names, schedule, ranking, settings)
         self.parameters = dict(named_parameters)
-        self.prunable_names = list(prunable_names)
-        self.schedule = schedule
-        self.ranking = ranking
         self.process_set = process_set
         self.exchange = exchange or horovod_exchange(process_set)
-        self.settings = dict(settings or {})
+        self.hint = self.exchange.hint
         self.masks: dict[str, torch.Tensor] = {}
         self.pruned: dict[str, torch.Tensor] = {}  # ~mask, kept so that steps do not allocate it
         self._fingerprints: dict[str, tuple[torch.Tensor, int, tuple[int, int]]] = {}  # mask, its version, hash
@@ -90,28 +78,6 @@ class Pruner:
     def update(self, step: int, verify: bool = True, zero_weights: bool = True) -> None:
         """``rank`` then ``install``: new masks for ``step``, in place (``zero_weights`` as in ``install``)."""
         self.install(self.rank(step, verify), zero_weights)
-
-    def rank(self, step: int, verify: bool = True) -> dict[str, np.ndarray]:
-        """Masks at the schedule's target for ``step``, ranked on the current weights and (``verify``) proven
-        equal across ranks; nothing is installed.
-
-        Weights holding NaN or inf raise ``NonFiniteWeightsError`` (with ``verify``: on every rank, whichever
-        rank holds them).
-        """
-        # float32 on the host: numpy has no bfloat16, and magnitudes rank the same in float32.
-        weights = {name: self.parameters[name].detach().float().cpu().numpy() for name in self.prunable_names}
-        broken = not_finite(weights) if verify else []
-        if broken:
-            self.verify(step, not_finite=broken)  # raises on every rank
-        previous = {name: mask.cpu().numpy() for name, mask in self.masks.items()}
-        new_masks = magnitude_masks(weights, self.schedule.target(step), previous, self.ranking)
-        if verify:
-            self.verify(step, new_masks)
-        return new_masks
-
-    def validate(self, masks: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Check names, shapes and dtypes of externally supplied masks; nothing is changed."""
-        return validate_masks(masks, {n: tuple(self.parameters[n].shape) for n in self.prunable_names}, "parameters")
 
     def install(self, masks: Mapping[str, np.ndarray], zero_weights: bool = True) -> None:
         """Replace all masks with validated host masks (local only); a mask that keeps everything is no mask.
@@ -126,31 +92,40 @@ class Pruner:
         if zero_weights:
             self.apply_to_weights()
 
-    def verify(self, step: int, masks: Mapping[str, np.ndarray] | None = None, not_finite: list[str] = ()) -> None:
-        """Mask Tracker: allgather each rank's fingerprint table; raise on any disagreement, on every rank.
+    # -- the tensor operations HostPruner asks for ---------------------------------------------------
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.parameters[name].shape)
 
-        ``masks``: new host masks about to be installed; default: the masks held, whose fingerprints are
-        hashed once per mask tensor (a new tensor or an in-place change hashes again), not at every check.
-        ``not_finite``: tensors whose weights cannot be ranked (every rank then raises).
-        """
-        if masks is None:
-            fingerprints = {name: self._held_fingerprint(name) for name in self.masks}
-        else:
-            fingerprints = {name: mask_fingerprint(mask) for name, mask in masks.items()}
+    def host_weights(self) -> dict[str, np.ndarray]:
+        # float32 on the host: numpy has no bfloat16, and magnitudes rank the same in float32.
+        return {name: self.parameters[name].detach().float().cpu().numpy() for name in self.prunable_names}
+
+    def host_masks(self) -> dict[str, np.ndarray]:
+        return {name: mask.cpu().numpy() for name, mask in self.masks.items()}
+
+    def weight_sums(self, weights: Mapping[str, np.ndarray] | None) -> dict[str, float]:
+        """Of the parameters now (on their device: one transfer), whatever ``weights`` says."""
         parameters = [self.parameters[name] for name in self.prunable_names]
         device = parameters[0].device if parameters else None
         sums = torch.stack([p.detach().double().sum().to(device) for p in parameters]).tolist() if parameters else []
-        local = fingerprint_table({name: p.numel() for name, p in zip(self.prunable_names, parameters)}, fingerprints,
-                                  step, dict(zip(self.prunable_names, sums)), self.settings, not_finite)
-        gathered = self.exchange.allgather(torch.from_numpy(local))
-        check_fingerprints(self.prunable_names, gathered.numpy(), self.exchange.size(), "torch", self.exchange.hint,
-                           self.settings)
+        return dict(zip(self.prunable_names, sums))
+
+    def fingerprint(self, mask: np.ndarray) -> tuple[int, int]:
+        """Through this module's ``mask_fingerprint``, as the held masks' cache hashes (one place to count)."""
+        return mask_fingerprint(mask)
+
+    def held_fingerprints(self) -> dict[str, tuple[int, int]]:
+        """Hashed once per mask tensor (a new tensor or an in-place change hashes again), not at every check."""
+        return {name: self._held_fingerprint(name) for name in self.masks}
+
+    def allgather(self, table: np.ndarray) -> tuple[np.ndarray, int]:
+        return self.exchange.allgather(torch.from_numpy(table)).numpy(), self.exchange.size()
 
     def _held_fingerprint(self, name: str) -> tuple[int, int]:
         mask = self.masks[name]
         cached = self._fingerprints.get(name)
         if cached is None or cached[0] is not mask or cached[1] != mask._version:
-            cached = self._fingerprints[name] = (mask, mask._version, mask_fingerprint(mask.cpu().numpy()))
+            cached = self._fingerprints[name] = (mask, mask._version, self.fingerprint(mask.cpu().numpy()))
         return cached[2]
 
     @torch.no_grad()
@@ -175,11 +150,6 @@ class Pruner:
             for value in state.get(self.parameters[name], {}).values():
                 if torch.is_tensor(value) and value.shape == pruned.shape:
                     value.masked_fill_(pruned, 0)
-
-    def sparsity(self) -> float:
-        """Fraction of pruned coordinates over all prunable tensors."""
-        return overall_sparsity({name: self.parameters[name].numel() for name in self.prunable_names},
-                                {name: int(mask.sum()) for name, mask in self.masks.items()})
 
 
 # Optimizers whose update leaves a coordinate at exactly 0 when its weight, gradient and state are 0 (every
@@ -216,3 +186,20 @@ def host_masks(masks: dict[str, Any], flags: bool = False) -> dict[str, np.ndarr
                 raise ValueError(f"mask for {name!r} must hold 0/1 flags, got values up to {host[name].max()}")
             host[name] = host[name].astype(np.bool_)
     return host
+
+
+class PruningReadout:
+    """What a user reads of a torch pruning state (``PacTrainState``, ``PacTrainHookState``): it holds a
+    ``core.cycle.PruningCycle`` as ``cycle`` and a ``Pruner`` as ``_pruner``."""
+
+    cycle: PruningCycle
+    _pruner: Pruner
+
+    @property
+    def step_count(self) -> int:
+        """Optimizer steps taken: the schedule position."""
+        return self.cycle.step
+
+    def masks(self) -> dict[str, torch.Tensor]:
+        """``{parameter name: bool mask}`` for every pruned parameter (copies)."""
+        return {name: mask.clone() for name, mask in self._pruner.masks.items()}

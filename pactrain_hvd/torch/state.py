@@ -18,15 +18,17 @@ import torch
 from horovod.torch.compression import Compression, Compressor
 
 from pactrain_hvd.core import PacTrainConfig, StepStats, TensorStats, should_pack
+from pactrain_hvd.core.cycle import PruningCycle
 from pactrain_hvd.core.encodings import ENCODINGS
 from pactrain_hvd.core.lanes import ternary_layout
+from pactrain_hvd.torch.carry import BroadcastCarry
 from pactrain_hvd.torch.compression import PACKED_WIRES, PacTrainCompressor
 from pactrain_hvd.torch.own_masks import resolve_masks, sync_prune_buffers, warn_if_torch_pruned
-from pactrain_hvd.torch.pruning import Prunable, Pruner, host_masks, select_prunable, zero_stays_zero
+from pactrain_hvd.torch.pruning import Prunable, Pruner, PruningReadout, host_masks, select_prunable, zero_stays_zero
 from pactrain_hvd.torch.ternary import TernaryReduction
 
 
-class PacTrainState:
+class PacTrainState(PruningReadout, BroadcastCarry):
     """Schedule position, masks, packing plan, ternary memory and wire accounting of one optimizer.
 
     ``pt.DistributedOptimizer`` makes one from its arguments (``config``: the checked PacTrain
@@ -59,16 +61,11 @@ class PacTrainState:
         prunable_names = sorted(own_masks) if own_masks and prunable is None else select_prunable(parameters, prunable)
         shared = {**config.shared_settings(), "packed_values": packed_values, **(settings or {})}
         self._pruner = Pruner(parameters, prunable_names, config.schedule, config.ranking, process_set, settings=shared)
-        self._step = 0
-        self._pruned_at: int | None = None  # the step whose masks were ranked before its first communication
         # Horovod's rule: a rank communicates if it is in the process set and there is someone to talk to.
         self.communicating = process_set.included() and (hvd.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
         # Masks can differ only where some are pruned; then every rank proves them every ``verify_every`` steps.
-        # Every communicating rank checks at its first step, whatever its settings (every rank knows that step):
-        # settings that differ, or a mask set or loaded on one rank alone, are caught there, not a hang.
         self.tracking = bool(prunable_names) and (config.sparsity > 0 or bool(own_masks))
-        self._checks_masks = self.tracking and self.communicating
-        self._verify_pending = self.communicating
+        self.cycle = PruningCycle(config, self.tracking, self.communicating)
         self._exported: dict | None = None  # the tensors last handed out by export(), see _adopt_exported
         self._zero_stays_zero = zero_stays_zero(optimizer)
         self._weights_unmasked = False  # masks changed without zeroing the weights (adopted mid-backward)
@@ -84,15 +81,6 @@ class PacTrainState:
             self.set_masks(own_masks)  # validated; proven equal on all ranks before the first all-reduce
 
     # -- what users read ------------------------------------------------------------------------
-    @property
-    def step_count(self) -> int:
-        """Optimizer steps taken: the schedule position."""
-        return self._step
-
-    def masks(self) -> dict[str, torch.Tensor]:
-        """``{parameter name: bool mask}`` for every pruned parameter (copies)."""
-        return {name: mask.clone() for name, mask in self._pruner.masks.items()}
-
     def stats(self) -> dict:
         """The last step's wire bytes (sent and dense-equivalent), bits per packed value, per-tensor density and plan.
 
@@ -111,14 +99,43 @@ class PacTrainState:
 
     def verify(self) -> None:
         """Mask Tracker, now: a collective call that raises ``MaskMismatchError`` on every rank."""
-        self._pruner.verify(self._step)
+        self._pruner.verify(self.cycle.step)
+
+    # -- what checkpoints, broadcasts and the engine read (checkpoint.py, functions.py, engine.py) --------
+    @property
+    def parameters(self) -> dict[str, torch.Tensor]:
+        """The optimized parameters by name, in name order."""
+        return self._parameters
+
+    @property
+    def names(self) -> dict[torch.Tensor, str]:
+        """Each parameter's name."""
+        return self._names
+
+    @property
+    def ternary(self) -> TernaryReduction | None:
+        """The ternary reduction (error memory, noise, held scales), or None where values are not ternary."""
+        return self._ternary
+
+    def fit_masks(self, masks: dict[str, Any]) -> dict[str, np.ndarray]:
+        """Masks (bool or uint8 flags, tensors or arrays) as validated host masks of these parameters; raises
+        ``TypeError`` or ``ValueError`` where they do not fit."""
+        return self._pruner.validate(host_masks(masks, flags=True))
+
+    def load_ternary(self, saved: dict) -> None:
+        """This rank's saved error memory and noise (``TernaryReduction.state_dict``'s, validated), for the
+        parameters whose plan rounds them to ternary codes."""
+        self._ternary.noise.load_state_dict(saved["noise"])
+        self._ternary.memory.load_state_dict({name: residual for name, residual in saved["residuals"].items()
+                                              if self.compressor(self._parameters[name]).lanes is not None},
+                                             self._devices())
 
     # -- masks and plan ---------------------------------------------------------------------------
     def adopt(self, step: int, masks: dict[str, np.ndarray], scales: torch.Tensor | None = None,
               zero_weights: bool = True) -> None:
         """Take another rank's or a checkpoint's schedule position, masks and (ternary) held scales;
         ``scales`` None: none held."""
-        self._step = int(step)
+        self.cycle.step = int(step)
         self.install_masks(masks, zero_weights)
         if self._ternary is not None:
             self._ternary.hold_scales(list(self._parameters), scales if scales is not None
@@ -171,40 +188,33 @@ class PacTrainState:
         """Before each of the step's communications (from the engine): take broadcast state, rank step 0's
         masks if the schedule prunes there (so step 0's all-reduce is already packed), and run a due check."""
         self._adopt_exported()
-        if self._first_masks_due():
+        if self.cycle.first_masks_due(bool(self._pruner.masks)):
             self._prune_before_reduction()
         self.adopt_and_verify()
-
-    def _first_masks_due(self) -> bool:
-        """Whether the schedule ranks the first masks at step 0 (none held yet: given masks, with their
-        ``torch.nn.utils.prune`` buffers that autograd reads, are updated after the reduction as before)."""
-        return (self._step == 0 and self._pruned_at is None and not self._pruner.masks
-                and self.config.schedule.is_update_step(0))
 
     def _prune_before_reduction(self) -> None:
         """The schedule's update, made before the step's first all-reduce, from the weights every rank holds
         now (after the user's broadcast). Autograd may still read the weights, so they are zeroed in
         ``before_update``; the new masks are proven equal across ranks before anything is packed with them."""
-        self._pruner.update(self._step, verify=self.communicating, zero_weights=False)
+        self._pruner.update(self.cycle.step, verify=self.communicating, zero_weights=False)
         self._exported = None
         self._weights_unmasked = True
         self._after_mask_change()
-        self._pruned_at = self._step
-        self._verify_pending = False
+        self.cycle.pruned_early()
 
     def adopt_and_verify(self) -> None:
         """Before the step's first communication: take state Horovod broadcast into ``export()``'s
         tensors, then run a Mask Tracker check that every rank has due at this step."""
         self._adopt_exported()
-        if self._verify_pending:
-            # With nothing pruned the schedule position is no state ranks must share (Horovod's resume idiom
-            # carries none of ours then): only the settings are proven.
-            self._pruner.verify(self._step if self.tracking else 0)
-            self._verify_pending = False
+        # With nothing pruned the schedule position is no state ranks must share (Horovod's resume idiom
+        # carries none of ours then): only the settings are proven.
+        position = self.cycle.take_verification()
+        if position is not None:
+            self._pruner.verify(position)
 
     def verify_now(self) -> None:
         """After a collective call every rank makes (broadcasts, elastic sync): the check is due everywhere."""
-        self._verify_pending = self._checks_masks
+        self.cycle.request_verification()
         self.adopt_and_verify()
 
     # -- a step ----------------------------------------------------------------------------------
@@ -215,15 +225,16 @@ class PacTrainState:
         if self._ternary is not None:
             self._ternary.memory.commit()  # this step is taken (a loss scaler that skips it never calls step)
         self.adopt_and_verify()
-        if self._first_masks_due():
+        cycle = self.cycle
+        if cycle.first_masks_due(bool(self._pruner.masks)):
             self._prune_before_reduction()  # nothing was communicated (a single process): the same masks
-        if self._pruned_at == self._step and self._weights_unmasked:  # masks ranked before this step's reduction
+        if cycle.pruned_early_now and self._weights_unmasked:  # masks ranked before this step's reduction
             self._pruner.apply_to_weights()  # autograd is done with the weights: zeroed before the update
             self._pruner.mask_gradients()
             self._weights_unmasked = False
-        remask = not self._zero_stays_zero or self._weights_unmasked or self.config.verifies_at(self._step)
-        if self.config.schedule.is_update_step(self._step) and self._pruned_at != self._step:
-            self._pruner.update(self._step, verify=self.communicating)
+        remask = not self._zero_stays_zero or self._weights_unmasked or self.config.verifies_at(cycle.step)
+        if cycle.update_due():
+            self._pruner.update(cycle.step, verify=self.communicating)
             self._after_mask_change()
             self._pruner.mask_gradients()
         elif not self.communicating:
@@ -235,19 +246,17 @@ class PacTrainState:
         if remask:  # (a mask change zeroed the weights itself)
             self._pruner.apply_to_weights()
             self._weights_unmasked = False
-        self._step += 1
-        if self._checks_masks and self.config.verifies_at(self._step):
-            self._verify_pending = True  # checked before the next step's first all-reduce
+        self.cycle.advance()  # a periodic check due now runs before the next step's first all-reduce
 
     def discard_step(self) -> None:
         """The step in flight is abandoned (a state dict is loaded): its ternary residuals are not kept."""
         if self._ternary is not None:
-            self._ternary.memory.pending.clear()
+            self._ternary.memory.discard()
 
     def reduced(self) -> None:
         """The step's gradients are reduced: ``stats()`` describes this step."""
         if self.communicating:
-            self._stats.step = self._step
+            self._stats.step = self.cycle.step
 
     # -- wire accounting ---------------------------------------------------------------------------
     def record(self, p: torch.Tensor, sent_bytes: int) -> None:
@@ -256,38 +265,6 @@ class PacTrainState:
         self._stats.tensors[self._names[p]] = TensorStats(
             numel=numel, kept=numel if compressor.kept is None else compressor.kept, packed=compressor.packed,
             sent_bytes=sent_bytes, dense_bytes=numel * p.element_size())
-
-    # -- what Horovod's broadcast_optimizer_state carries (see checkpoint.py) ------------------------
-    def export(self) -> dict:
-        """The PacTrain state as tensors: a uint8 mask per prunable tensor (all kept where none) and the
-        schedule position, and ternary's held scales. Kept so that what ``hvd.broadcast_optimizer_state``
-        writes into them in place reaches this state (``_adopt_exported``)."""
-        names = self._pruner.prunable_names if self.tracking else sorted(self._pruner.masks)
-        masks = {name: (self._pruner.masks[name].to(torch.uint8).cpu() if name in self._pruner.masks
-                        else torch.ones(self._parameters[name].shape, dtype=torch.uint8)) for name in names}
-        self._exported = {"step": torch.tensor([self._step], dtype=torch.int64), "masks": masks}
-        if self._ternary is not None:  # and its snapshot: only a change made by a broadcast is adopted
-            scales = self._ternary.scale_vector(list(self._parameters))
-            self._exported.update(scales=scales, scales_as_exported=scales.clone())
-        return self._exported
-
-    def _adopt_exported(self) -> None:
-        """Local: if the exported tensors changed (Horovod broadcast another rank's state into them), take it.
-        Weights are not touched: they came with ``hvd.broadcast_parameters``, and autograd may be reading them."""
-        exported, self._exported = self._exported, None
-        if exported is None:
-            return
-        if "scales" in exported and not torch.equal(exported["scales"].nan_to_num(-1),
-                                                    exported["scales_as_exported"].nan_to_num(-1)):
-            self._ternary.hold_scales(list(self._parameters), exported["scales"], self._devices())
-        step = int(exported["step"][0])
-        masks = host_masks(exported["masks"], flags=True)
-        held = {name: mask.cpu().numpy() for name, mask in self._pruner.masks.items()}
-        if step == self._step and masks.keys() >= held.keys() and all(
-                np.array_equal(mask, held[name]) if name in held else mask.all() for name, mask in masks.items()):
-            return
-        self._step = step
-        self.install_masks(self._pruner.validate(masks), zero_weights=False)
 
     def _devices(self) -> dict[str, torch.device]:
         return {name: p.device for name, p in self._parameters.items()}

@@ -89,7 +89,7 @@ class TernaryReduction:
         """This rank's error memory and rounding noise: what an exact resume needs besides the masks and
         the held scales (those are the same on every rank: ``scale_vector``)."""
         return {"rank": self.process_set.rank(), "noise": self.noise.state_dict(),
-                "residuals": {name: r.detach().cpu().clone() for name, r in self.memory.residuals.items()}}
+                "residuals": self.memory.state_dict()}
 
     def scale_vector(self, names: list[str]) -> torch.Tensor:
         """The held scales of ``names`` as one fp32 CPU tensor, NaN where none is held (a sync: checkpoints only)."""
@@ -135,7 +135,7 @@ class TernaryReduction:
     def gather(self, name: str, grad: torch.Tensor, compressor: PacTrainCompressor) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's survivors of ``grad`` plus their error memory (fp32), and its proposal for their scale:
         ``local_scale``, or inf where a value is not finite. No communication."""
-        values = self.memory.add_(name, compressor.gather(grad).float())
+        values = self.memory.add(name, compressor.gather(grad).float())
         local = local_scale(values)  # not finite where a value is not: the mean of |values|
         # An overflow on any rank makes the MAX inf on every rank (Horovod's MAX may drop a NaN).
         return values, torch.where(torch.isfinite(local), local, torch.full_like(local, float("inf")))

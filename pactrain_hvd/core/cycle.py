@@ -1,0 +1,96 @@
+"""The pruning state machine: the framework-free decisions of a state that prunes as it trains.
+
+Each frontend's state (torch's ``PacTrainState``, the DDP hook's ``PacTrainHookState``, TF's
+``PacTrainState``) holds tensors and makes collective calls; what step it is, whether the schedule
+ranks new masks now, whether those were ranked before the step's first communication, and when
+the Mask Tracker is due are decided here, the same way for all of them.
+
+A step's life: ``first_masks_due`` (a schedule that prunes at step 0 ranks before the step's first
+communication, then ``pruned_early``), ``take_verification`` before the first communication,
+``update_due`` before the optimizer's update, ``advance`` after it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pactrain_hvd.core.config import PacTrainConfig
+
+NEVER = int(np.iinfo(np.int64).max)  # ``next_maintenance``: no schedule update or periodic check is left
+
+
+class PruningCycle:
+    """Schedule position and Mask Tracker bookkeeping.
+
+    ``tracking``: masks can differ across ranks (something is pruned or given), so the check proves
+    the schedule position and the masks, not only the settings. ``communicating``: there are other
+    ranks to check with; every communicating rank checks at its first step, whatever its settings
+    (every rank knows that step), so differing settings, or masks set or loaded on one rank alone,
+    are caught there, not as a hang.
+    """
+
+    def __init__(self, config: PacTrainConfig, tracking: bool, communicating: bool = True) -> None:
+        self.config = config
+        self.step = 0
+        self.tracking = tracking
+        self.checks_masks = tracking and communicating
+        self.verify_pending = communicating
+        self.pruned_at: int | None = None  # the step whose masks were ranked before its first communication
+
+    def first_masks_due(self, holds_masks: bool) -> bool:
+        """Whether the schedule ranks the first masks at step 0, before its first communication (none held yet:
+        masks given by the user are updated after the reduction, as at any other step)."""
+        return (self.step == 0 and self.pruned_at is None and not holds_masks
+                and self.config.schedule.is_update_step(0))
+
+    def pruned_early(self) -> None:
+        """This step's masks were ranked before its first communication (and proven equal there)."""
+        self.pruned_at = self.step
+        self.verify_pending = False
+
+    @property
+    def pruned_early_now(self) -> bool:
+        """Whether this step's masks were ranked before its communication (its weights are zeroed before its update)."""
+        return self.pruned_at == self.step
+
+    def update_due(self) -> bool:
+        """Whether the schedule ranks new masks at this step, after its reduction."""
+        return self.config.schedule.is_update_step(self.step) and self.pruned_at != self.step
+
+    def take_verification(self) -> int | None:
+        """The position a due Mask Tracker check proves (0 where nothing is tracked: only the settings must
+        agree then, not the position), or None where none is due; the check is then no longer due."""
+        if not self.verify_pending:
+            return None
+        self.verify_pending = False
+        return self.step if self.tracking else 0
+
+    def request_verification(self) -> None:
+        """After a collective call every rank makes (broadcasts, elastic sync): a check is due everywhere."""
+        self.verify_pending = self.checks_masks
+
+    def advance(self) -> None:
+        """The step was taken: the schedule moves on; a periodic check falls due before the next communication."""
+        self.step += 1
+        if self.checks_masks and self.config.verifies_at(self.step):
+            self.verify_pending = True
+
+
+RANK, VERIFY = "rank", "verify"
+
+
+def maintenance_at(config: PacTrainConfig, step: int, requested: bool) -> str | None:
+    """For a state that maintains only at the steps it chose ahead (TF's traced step): at ``step``, ``RANK`` where
+    the schedule ranks new masks (proven equal as they are installed), else ``VERIFY`` where a Mask Tracker check
+    is due (``requested``: asked for by a call every rank made, or the state's first step), else None."""
+    if config.schedule.is_update_step(step):
+        return RANK
+    if requested or config.verifies_at(step):
+        return VERIFY
+    return None
+
+
+def next_maintenance(config: PacTrainConfig, step: int) -> int:
+    """The first step after ``step`` with a schedule update or a periodic check (``NEVER``: none left)."""
+    following = config.next_maintenance_after(step)
+    return NEVER if following is None else following

@@ -1,0 +1,218 @@
+"""``PacTrainHookState``: what the DDP comm hook keeps between steps, around the optimizer's step.
+
+Schedule position and Mask Tracker bookkeeping are ``core.cycle``'s; masks, the Mask Tracker and
+enforcement are the Horovod frontend's ``Pruner``, moved by ``torch.distributed``; bucket plans are
+``buckets.py``'s. The hook itself (what each bucket sends): ``hook.py``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from pactrain_hvd.core import CheckpointError, PacTrainConfig, StepStats, TensorStats
+from pactrain_hvd.core.config import config_arguments, pactrain_keywords
+from pactrain_hvd.core.cycle import PruningCycle
+from pactrain_hvd.core.encodings import ENCODINGS, packed_values_argument
+from pactrain_hvd.core.lanes import LaneLayout, ternary_layout
+from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
+from pactrain_hvd.torch.checkpoint import saved_step_and_masks
+from pactrain_hvd.torch.ddp.buckets import BucketPlan, BucketPlans
+from pactrain_hvd.torch.memory import ErrorFeedback
+from pactrain_hvd.torch.pruning import (
+    Pruner,
+    PruningReadout,
+    TableExchange,
+    host_masks,
+    select_prunable,
+    zero_stays_zero,
+)
+
+_NOISE_SEED = 0xDD9  # ternary rounding noise: drawn per (rank, step, parameter), see rounding_noise
+
+
+def dist_exchange(group: dist.ProcessGroup | None) -> TableExchange:
+    """Fingerprint tables over ``torch.distributed``: all_gather pads to the longest table, then trims."""
+
+    def allgather(table: torch.Tensor) -> torch.Tensor:
+        size = dist.get_world_size(group)
+        # NCCL moves only CUDA tensors; Gloo and MPI host ones
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+        rows = torch.tensor([table.shape[0]], device=device)
+        all_rows = [torch.zeros_like(rows) for _ in range(size)]
+        dist.all_gather(all_rows, rows, group=group)
+        counts = [int(n) for n in all_rows]
+        padded = torch.zeros((max(counts), table.shape[1]), dtype=table.dtype, device=device)
+        padded[:table.shape[0]] = table.to(device)
+        tables = [torch.empty_like(padded) for _ in range(size)]
+        dist.all_gather(tables, padded, group=group)
+        return torch.cat([t[:n] for t, n in zip(tables, counts)]).cpu()
+
+    return TableExchange(allgather=allgather, size=lambda: dist.get_world_size(group),
+                         hint="After loading a checkpoint on one rank, load it on every rank "
+                              "(state.load_state_dict), as DDP's own modules are.")
+
+
+class PacTrainHookState(PruningReadout):
+    """What ``pactrain_hook`` keeps between steps: schedule position, masks, bucket plans, wire accounting.
+
+    Takes the PacTrain arguments of ``pt.DistributedOptimizer`` (``sparsity``, ``begin_step``,
+    ``end_step``, ``frequency``, ``total_steps``, ``schedule``, ``prunable``, ``ranking``, ``pack_min_numel``, ``pack_max_density``,
+    ``verify_every``) plus ``process_group`` (DDP's; default: the world) and ``packed_values``:
+    how surviving values travel (dense buckets travel as DDP hands them): ``"inherit"`` (the bucket's dtype:
+    fp32, or fp16 under ``fp16_compress_wrapper``; ``"fp32"`` is its deprecated name), ``"fp16"``, ``"bf16"``
+    (Gloo and NCCL carry bfloat16; Horovod's all-reduce does not), or ``"ternary"``, the Horovod frontend's shared-scale stochastic ternary with error feedback in int32
+    lanes (one MAX all-reduce of the bucket's scale, then the codes; fp16 where lanes do not pay).
+    ``resume_changed_settings`` as in ``pt.DistributedOptimizer``. Every rank must pass the same settings:
+    the first step proves it (``SettingsMismatchError`` on every rank instead of a hang).
+    """
+
+    @pactrain_keywords(without=("masks", "continue_pruning", "values"))
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 process_group: dist.ProcessGroup | None = None, **pactrain: Any) -> None:
+        self.config = PacTrainConfig.from_arguments(**config_arguments(pactrain))
+        packed_values = packed_values_argument(pactrain["packed_values"])
+        self.packed_values = packed_values
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        module = model.module if isinstance(model, DistributedDataParallel) else model
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module (or its DistributedDataParallel), got {type(model).__name__}")
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialized: call dist.init_process_group() first")
+        optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        self.parameters = {name: p for name, p in module.named_parameters() if id(p) in optimized}
+        self.process_group = process_group
+        self.optimizer = optimizer
+        world_size = dist.get_world_size(process_group)
+        encoding = ENCODINGS[packed_values]
+        self.lanes: LaneLayout | None = ternary_layout(world_size) if encoding.quantized else None
+        # None: the bucket's dtype; a quantized encoding's where lanes do not pay. Gloo and NCCL carry bfloat16.
+        self.packed_dtype = None if encoding.wire is None else getattr(torch, encoding.wire)
+        # Per parameter, not per bucket: DDP rebuilds its buckets after the first iteration (and a resumed
+        # run starts from the first buckets again), so only per-parameter memory and noise resume exactly.
+        self.memory = ErrorFeedback()
+        self._rank = dist.get_rank(process_group)
+        self._generators: dict[torch.device, torch.Generator] = {}
+        self._pruner = Pruner(self.parameters, select_prunable(self.parameters, pactrain["prunable"]), self.config.schedule,
+                              self.config.ranking, exchange=dist_exchange(process_group),
+                              settings={**self.config.shared_settings(), "packed_values": packed_values})
+        self.cycle = PruningCycle(self.config, bool(self._pruner.prunable_names) and self.config.sparsity > 0)
+        self._sent: set[int] = set()  # indices of the buckets sent in this backward pass
+        names = {id(p): name for name, p in self.parameters.items()}
+        self._plans = BucketPlans(names, self.config, self.memory if self.lanes is not None else None)
+        self._stats = StepStats()
+        self._zero_stays_zero = zero_stays_zero(optimizer)
+        self._hooks = [optimizer.register_step_pre_hook(self._before_step),
+                       optimizer.register_step_post_hook(self._after_step)]
+
+    # -- what a user reads ---------------------------------------------------------------------
+    def stats(self) -> dict:
+        """The last step's bytes handed to ``all_reduce`` (and DDP's fp32 equivalent), per bucket."""
+        return dict(self._stats.as_dict(), sparsity=self._pruner.sparsity())
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Masks and schedule position; with ternary values also this rank's error memory (its noise is a
+        function of rank, step and parameter: nothing to save)."""
+        state = {"step": self.cycle.step, "sparsity": self.config.sparsity,
+                 "settings": checkpoint_settings(self.config, self.packed_values),
+                 "masks": {name: mask.to(torch.uint8).cpu() for name, mask in self._pruner.masks.items()}}
+        if self.lanes is not None:
+            state["ternary"] = {"rank": self._rank, "residuals": self.memory.state_dict()}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Masks and schedule position; validated before anything changes. Local: load it on every rank."""
+        step, masks = saved_step_and_masks(self.fit_masks, state, "a PacTrainHookState state dict")
+        check_saved_settings(state.get("settings", {"sparsity": state["sparsity"]} if "sparsity" in state else None),
+                             checkpoint_settings(self.config, self.packed_values), step, self.config)
+        ternary = state.get("ternary")
+        if ternary is not None and not (isinstance(ternary, dict) and {"rank", "residuals"} <= set(ternary)):
+            raise CheckpointError("the 'ternary' entry needs 'rank' and 'residuals'")
+        residuals = None
+        if self.lanes is not None and ternary is not None and ternary["rank"] == self._rank:  # this rank's own
+            kept = {name: int(masks[name].sum()) if name in masks else p.numel() for name, p in self.parameters.items()}
+            residuals = self.memory.validate(ternary["residuals"], kept)
+        self.cycle.step = step
+        self._install(masks)
+        if residuals is not None:
+            self.memory.load_state_dict(residuals, {name: p.device for name, p in self.parameters.items()})
+
+    def fit_masks(self, masks: dict[str, Any]) -> dict[str, np.ndarray]:
+        """Masks (bool or uint8 flags, tensors or arrays) as validated host masks of these parameters."""
+        return self._pruner.validate(host_masks(masks, flags=True))
+
+    # -- the schedule, around the optimizer's step ---------------------------------------------
+    def _install(self, masks: dict[str, np.ndarray]) -> None:
+        """Loaded masks: plans and error memory start from them (no remap from the masks they replace)."""
+        self._pruner.install(masks)
+        self._pruner.clear_optimizer_state(self.optimizer.state)
+        self._plans.clear(forget_survivors=True)
+
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._verify_if_due()  # a step with no gradient sent (nothing to reduce) still checks when due
+        if self.cycle.pruned_early_now:  # masks ranked before this step's first bucket: weights zeroed now
+            self._pruner.apply_to_weights()
+            self._pruner.mask_gradients()
+        elif self.cycle.update_due():
+            self._pruner.update(self.cycle.step)
+            self._pruner.clear_optimizer_state(optimizer.state)
+            self._plans.clear()
+            self._pruner.mask_gradients()  # this step's gradients were reduced under the old mask
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.memory.commit()  # the step was taken (a loss scaler that skips it never calls step)
+        if not self._zero_stays_zero:
+            self._pruner.apply_to_weights()
+        self._stats.step = self.cycle.step
+        self.cycle.advance()
+        self._sent.clear()
+
+    def _prune_before_reduction(self) -> None:
+        """A schedule that prunes at step 0 ranks its masks before the first bucket is sent, from the weights
+        DDP broadcast at its construction; autograd may still read them, so they are zeroed before the update."""
+        self._pruner.update(self.cycle.step, zero_weights=False)
+        self._pruner.clear_optimizer_state(self.optimizer.state)
+        self._plans.clear()
+        self.cycle.pruned_early()
+
+    def _verify_if_due(self) -> None:
+        position = self.cycle.take_verification()  # with nothing pruned only the settings must agree
+        if position is not None:
+            self._pruner.verify(position)
+
+    # -- what the hook asks, bucket by bucket (hook.py) -------------------------------------------
+    def begin_bucket(self, index: int) -> None:
+        """The first bucket of a backward pass (none sent yet, or this one again: a step a loss scaler
+        skipped never reached ``_after_step``) runs a Mask Tracker check due now, on every rank alike."""
+        if not self._sent or index in self._sent:
+            self._sent.clear()
+            self._stats.tensors.clear()
+            if self.cycle.first_masks_due(bool(self._pruner.masks)):
+                self._prune_before_reduction()
+            self._verify_if_due()
+        self._sent.add(index)
+
+    def plan(self, bucket: dist.GradBucket) -> BucketPlan:
+        """How ``bucket`` travels under the current masks."""
+        return self._plans.of(bucket, self._pruner.masks)
+
+    def rounding_noise(self, name: str, count: int, device: torch.device) -> torch.Tensor:
+        """Uniform [0, 1) noise for one parameter's survivors, a function of (rank, step, parameter)."""
+        generator = self._generators.get(device)
+        if generator is None:
+            generator = self._generators[device] = torch.Generator(device=device)
+        generator.manual_seed(zlib.crc32(f"{_NOISE_SEED}:{self._rank}:{self.cycle.step}:{name}".encode()))
+        return torch.rand(count, generator=generator, device=device)
+
+    def record(self, bucket: dist.GradBucket, plan: BucketPlan, sent_bytes: int) -> None:
+        """What ``bucket`` put on the wire: ``stats()``."""
+        self._stats.tensors[f"bucket{bucket.index()}"] = TensorStats(
+            numel=plan.numel, kept=plan.kept, packed=plan.surviving is not None,
+            sent_bytes=sent_bytes, dense_bytes=plan.dense_bytes)

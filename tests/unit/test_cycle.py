@@ -1,0 +1,40 @@
+"""The pruning state machine (``core.cycle``): the decisions every frontend's state shares."""
+
+from pactrain_hvd.core import PacTrainConfig
+from pactrain_hvd.core.cycle import NEVER, RANK, VERIFY, PruningCycle, maintenance_at, next_maintenance
+
+
+def test_first_step_verifies_then_every_verify_every_steps():
+    cycle = PruningCycle(PacTrainConfig(sparsity=0.5, begin_step=2, end_step=4, frequency=2, verify_every=3),
+                         tracking=True)
+    assert cycle.take_verification() == 0 and cycle.take_verification() is None
+    seen = []
+    for _ in range(7):
+        cycle.advance()
+        seen.append((cycle.step, cycle.take_verification(), cycle.update_due()))
+    assert [step for step, position, _ in seen if position is not None] == [3, 6]
+    assert [step for step, _, update in seen if update] == [2, 4]
+
+
+def test_nothing_tracked_proves_only_the_settings_and_a_single_process_checks_nothing():
+    untracked = PruningCycle(PacTrainConfig(sparsity=0.0), tracking=False)
+    untracked.advance()
+    untracked.request_verification()
+    assert untracked.take_verification() is None  # no masks to prove
+    assert PruningCycle(PacTrainConfig(sparsity=0.0), tracking=False).take_verification() == 0
+    assert PruningCycle(PacTrainConfig(sparsity=0.5), tracking=True, communicating=False).take_verification() is None
+
+
+def test_masks_ranked_before_the_first_communication_are_not_ranked_again():
+    cycle = PruningCycle(PacTrainConfig(sparsity=0.5, begin_step=0, end_step=0), tracking=True)
+    assert cycle.first_masks_due(holds_masks=False) and not cycle.first_masks_due(holds_masks=True)
+    cycle.pruned_early()
+    assert cycle.pruned_early_now and not cycle.update_due() and cycle.take_verification() is None
+    assert not cycle.first_masks_due(holds_masks=False)
+
+
+def test_maintenance_ahead_of_time():
+    config = PacTrainConfig(sparsity=0.5, begin_step=2, end_step=4, frequency=2, verify_every=5)
+    assert [maintenance_at(config, step, requested=step == 0) for step in range(6)] == [
+        VERIFY, None, RANK, None, RANK, VERIFY]
+    assert next_maintenance(config, 4) == 5 and next_maintenance(PacTrainConfig(verify_every=0, end_step=0), 1) == NEVER
