@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -28,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import horovod.torch as hvd
 import numpy as np
@@ -38,6 +37,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from benchmarks.common import ddp_methods
+from benchmarks.common.examples import example
 from benchmarks.common.methods import parse_method
 from benchmarks.common.timing import PhaseClock
 from benchmarks.throughput.worker import make_distributed_optimizer, nic_counters, train_step
@@ -49,17 +49,7 @@ from example_support.data import (
     split_tokens,
 )
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 GPT_SIZE = {"embed_dim": 320, "layers": 4, "heads": 4, "block_size": 128}  # benchmarks/accuracy/accuracy.py's language task
-
-
-def example(name: str) -> ModuleType:
-    """``examples/<name>.py`` as a module (the examples are scripts, not a package)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
 
 
 @dataclass
