@@ -44,6 +44,7 @@ import pactrain_hvd.tensorflow.keras as ptk  # noqa: E402
 from benchmarks.common.examples import example  # noqa: E402
 from benchmarks.common.methods import MethodSpec, parse_method, pruning_schedule  # noqa: E402
 from benchmarks.common.nic import counter_delta, nic_counters, tx_bytes  # noqa: E402
+from benchmarks.throughput.arguments import worker_arguments  # noqa: E402
 from pactrain_hvd.tensorflow.pruning import backing_variable  # noqa: E402
 
 TF_MODELS = ("fashion-vgg",)
@@ -276,19 +277,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--method", default="tf-dense")
-    parser.add_argument("--compute-only", action="store_true", help="no Horovod: the compute bound")
-    parser.add_argument("--batch-size", type=int, required=True)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", default=os.environ.get("HOROVOD_GLOO_IFACE", ""),
-                        help="NIC whose counters to read (default: HOROVOD_GLOO_IFACE)")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
+    args = worker_arguments(__doc__, "tf-dense", argv)
     record = run(args)
     Path(args.out).write_text(json.dumps(record, default=float))
     if record["size"] > 1:

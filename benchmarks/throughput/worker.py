@@ -31,8 +31,9 @@ from benchmarks.baselines.baselines import PowerSGDDistributedOptimizer, TopKDis
 from benchmarks.common import ddp_methods
 from benchmarks.common.methods import MethodSpec, parse_method, pruning_schedule
 from benchmarks.common.models import build, loss_fn, synthetic_batch
-from benchmarks.common.nic import counter_delta, nic_counters, tx_bytes  # noqa: F401 - tta_worker imports them here
+from benchmarks.common.nic import counter_delta, nic_counters, tx_bytes
 from benchmarks.common.timing import PhaseClock, StepTimes, instrument
+from benchmarks.throughput.arguments import worker_arguments
 from pactrain_hvd.torch.compression import PacTrainCompressor
 
 LEARNING_RATE = 0.01
@@ -178,19 +179,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--method", default="dense")
-    parser.add_argument("--compute-only", action="store_true", help="no Horovod: the compute bound")
-    parser.add_argument("--batch-size", type=int, required=True)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", default=os.environ.get("HOROVOD_GLOO_IFACE", ""),
-                        help="NIC whose counters to read (default: HOROVOD_GLOO_IFACE)")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
+    args = worker_arguments(__doc__, "dense", argv)
     record = run(args)
     Path(args.out).write_text(json.dumps(record))
     if torch.distributed.is_initialized():

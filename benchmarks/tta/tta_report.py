@@ -86,10 +86,16 @@ def reference_final(cell: dict) -> tuple[float, str]:
     return runs[first]["curve"][-1][2], f"{first}'s final (no fp16 run)"
 
 
+def worker_batches(cell: dict) -> list[int]:
+    """The per-worker batches the cell's runs recorded, each once."""
+    return sorted({run["batch_size"] for run in cell.get("runs", {}).values() if "batch_size" in run})
+
+
 def global_batch(cell: dict) -> int | None:
     """Samples a step over all workers (the recipe's learning rate follows it, not the number of workers)."""
-    batches = {run.get("batch_size") for run in cell.get("runs", {}).values()}
-    return cell.get("workers", 0) * batches.pop() if len(batches) == 1 and None not in batches else None
+    batches = worker_batches(cell)
+    recorded = all("batch_size" in run for run in cell.get("runs", {}).values())
+    return cell.get("workers", 0) * batches[0] if len(batches) == 1 and recorded else None
 
 
 def adopt_reference(record: dict, other: dict, name: str) -> None:
@@ -211,7 +217,7 @@ def bounds(cell: dict) -> str:
 def horovod_settings(cell: dict) -> str:
     """The per-worker batch its runs took and the cell's HOROVOD_CYCLE_TIME (cells recorded before the cycle
     time was a setting ran at Horovod's default, 1 ms)."""
-    batches = sorted({run["batch_size"] for run in cell["runs"].values() if "batch_size" in run})
+    batches = worker_batches(cell)
     batch = f"per-worker batch {'/'.join(map(str, batches))}, " if batches else ""
     return f"{batch}HOROVOD_CYCLE_TIME {cell.get('cycle_time_ms') or 1:g} ms"
 

@@ -39,8 +39,9 @@ from torch.utils.data.distributed import DistributedSampler
 from benchmarks.common import ddp_methods
 from benchmarks.common.examples import example
 from benchmarks.common.methods import parse_method
+from benchmarks.common.nic import nic_counters
 from benchmarks.common.timing import PhaseClock
-from benchmarks.throughput.worker import make_distributed_optimizer, nic_counters, train_step
+from benchmarks.throughput.worker import make_distributed_optimizer, train_step
 from example_support.data import (
     CharVocab,
     load_bible_text,
