@@ -27,7 +27,8 @@ orthonormalised ``P`` gives ``Q = mean M_i^T P``, every worker receives ``P Q^T`
 matrices are those the baseline compresses (``rows x cols`` with ``rows cols >= 4096`` and ``2 r (rows + cols) <=
 rows cols``; the rest averaged whole); the first ``Q`` comes from ``initial_q`` (numpy's normal draws by default;
 the baseline draws torch's, seeded 0, in parameter order). numpy's matrix products and QR round differently from
-torch's, so a virtual PowerSGD run follows a real one to float32 rounding, not bit for bit (the test above).
+torch's, so a virtual PowerSGD run follows a real one to float32 rounding, not bit for bit (the same test holds
+its weights after 4 steps to 1e-5 relative).
 """
 
 from __future__ import annotations
