@@ -189,15 +189,18 @@ def validate(records: list[Path], prof: dict, loopback: dict) -> list[dict]:
                 continue  # loopback: no link to predict
             tensors = [Tensor(t["name"], tuple(t["shape"]), t["ready_fraction"])
                        for t in prof["workloads"][cell["workload"]]["tensors"]]
-            summary = tta_report.summarize(cell)
+            evaluated = {method: run for method, run in cell["runs"].items() if run.get("curve")}
+            summary = tta_report.summarize({**cell, "runs": evaluated}) if evaluated else None
             for method, run in cell["runs"].items():
                 if bench_method(method).frontend != "horovod":
                     continue  # DDP's buckets and comm hooks are not modelled
                 cycle_ms = cycle_time_ms(path, cell)
                 row = {"record": str(path.relative_to(ROOT)), "cell": key, "method": method, "steps": run["steps"],
-                       "cycle_ms": cycle_ms, "measured_s": run["train_s"], "lower_target": summary["lower_target"]}
-                reached = first_step(run.get("curve") or [], summary["lower_target"], summary["metric"])
-                row["measured_to_lower_s"] = summary["rows"][method]["time_to_lower"]
+                       "cycle_ms": cycle_ms, "measured_s": run["train_s"],
+                       "lower_target": summary["lower_target"] if summary else None}
+                # a run stopped before its first evaluation has no curve: its training time is still predicted
+                reached = first_step(run["curve"], summary["lower_target"], summary["metric"]) if method in evaluated else None
+                row["measured_to_lower_s"] = summary["rows"][method]["time_to_lower"] if method in evaluated else None
                 here = f"{path.relative_to(TTA).as_posix()}: {key}"
                 twin = next(((where, curve) for where, curve in
                              twins.get((cell["workload"], cell["workers"], planned(run), method), []) if where != here), None)
@@ -211,7 +214,8 @@ def validate(records: list[Path], prof: dict, loopback: dict) -> list[dict]:
                     if mode == "A":
                         needed = reached
                     else:
-                        needed = first_step(twin[1], summary["lower_target"], summary["metric"]) if twin else None
+                        needed = (first_step(twin[1], summary["lower_target"], summary["metric"])
+                                  if twin and summary and method in evaluated else None)
                         row["B_curve_from"] = twin[0] if twin else None
                     row[f"{mode}_to_lower_s"] = sum(steps[:needed + 1]) if needed is not None else None
                 rows.append(row)
