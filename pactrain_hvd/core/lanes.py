@@ -14,7 +14,9 @@ a unit test proves they produce the same words as these numpy reference function
 - Decoding a summed lane ``s``: ``sum of t = s - N``; the averaged value is ``(s - N) * scale / N``.
 
 With fewer than 3 lanes per word the codes cost at least fp16's 16 bits per value and are coarser,
-so ``ternary_layout`` returns None there (N > 256) and packed values travel as fp16 instead.
+so ``ternary_layout`` returns None there and packed values travel as fp16 instead: from N = 512, where a lane
+needs 11 bits (2N = 1024 needs ``(2N).bit_length() = 11``) and only 2 fit in 31; up to N = 511 a lane is at most
+10 bits wide and 3 fit.
 """
 
 from __future__ import annotations

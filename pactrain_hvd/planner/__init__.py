@@ -5,6 +5,7 @@ Framework-free (numpy and plain Python; torch only to read a model's shapes, or 
 - ``methods``: the methods compared, by name, and where their accuracy curves hold for any number of workers;
 - ``payload``: bytes a worker hands the collectives per step, from the parameter shapes;
 - ``step_model``: ring collectives, Horovod's cycle and fusion, overlap with backward;
+- ``coordination``: Horovod's traffic besides the gradients (per cycle, per step) sharing the link;
 - ``step_time``: a method's step on ``n`` workers and a link, and its scaling efficiency;
 - ``curves``: steps to a target from accuracy curves (time to accuracy = steps x step time);
 - ``virtual``: Top-k's and ternary's per-worker arithmetic on ``N`` workers' gradients in one process;
@@ -12,6 +13,7 @@ Framework-free (numpy and plain Python; torch only to read a model's shapes, or 
 - ``recommend``, ``cli``: the table, the pick and its reason (``pactrain-plan``).
 """
 
+from pactrain_hvd.planner.coordination import Coordination
 from pactrain_hvd.planner.curves import Curve, Curves, load_curves
 from pactrain_hvd.planner.methods import DEFAULT_METHODS, Method, parse_method
 from pactrain_hvd.planner.payload import Tensor, Traffic, traffic
@@ -19,5 +21,5 @@ from pactrain_hvd.planner.step_model import HorovodConfig, Link, ring_allgather_
 from pactrain_hvd.planner.step_time import Costs, Prediction, predict
 from pactrain_hvd.planner.virtual import VirtualWorkers
 
-__all__ = ["Costs", "Curve", "Curves", "DEFAULT_METHODS", "HorovodConfig", "Link", "Method", "Prediction", "Tensor",
+__all__ = ["Coordination", "Costs", "Curve", "Curves", "DEFAULT_METHODS", "HorovodConfig", "Link", "Method", "Prediction", "Tensor",
            "Traffic", "VirtualWorkers", "load_curves", "parse_method", "predict", "ring_allgather_s", "ring_allreduce_s", "traffic"]

@@ -18,6 +18,7 @@ import re
 import sys
 import time
 
+from pactrain_hvd.planner.coordination import MEASURED, Coordination
 from pactrain_hvd.planner.curves import load_curves
 from pactrain_hvd.planner.methods import DEFAULT_METHODS, parse_method
 from pactrain_hvd.planner.models import build_model, model_tensors
@@ -76,9 +77,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--curve", help="accuracy curves: the planner's JSON, or a benchmark time-to-accuracy record")
     p.add_argument("--cell", help="the record's cell, where --curve holds several")
     p.add_argument("--target", type=float, help="the metric to reach (default: the curve file's, else every curve's worst final)")
-    p.add_argument("--cycle-ms", type=float, default=1.0, help="HOROVOD_CYCLE_TIME (default: Horovod's 1 ms)")
-    p.add_argument("--overhead-bytes", type=float, default=0.0,
-                   help="per-step traffic beyond the gradients, per worker (default 0; docs/planner.md)")
+    p.add_argument("--cycle-ms", type=float, default=1.0,
+                   help="HOROVOD_CYCLE_TIME the workers run at (default: Horovod's own, 1 ms; raise it on slow links)")
+    p.add_argument("--cycle-bytes", type=float, default=MEASURED.bytes_per_cycle,
+                   help=f"Horovod's coordination bytes a worker sends each cycle (default {MEASURED.bytes_per_cycle:g}, "
+                        "measured; 0: none)")
+    p.add_argument("--overhead-bytes", type=float, default=MEASURED.bytes_per_step,
+                   help=f"per-step traffic beyond the gradients and the cycles, per worker (default "
+                        f"{MEASURED.bytes_per_step:g}, measured; docs/planner.md)")
     p.add_argument("--ranking", default="erk", choices=("erk", "layer"), help="PacTrain's mask ranking (default erk)")
     p.add_argument("--json", help="also write the table to this JSON file")
     return p
@@ -91,8 +97,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--latency-ms must be >= 0, got {args.latency_ms}")
     if args.step_time is not None and not args.step_time > 0:
         raise ValueError(f"--step-time must be > 0 seconds, got {args.step_time}")
-    if args.update_time < 0 or args.cycle_ms < 0 or args.overhead_bytes < 0:
-        raise ValueError("--update-time, --cycle-ms and --overhead-bytes must be >= 0")
+    if args.update_time < 0 or args.cycle_ms < 0 or args.overhead_bytes < 0 or args.cycle_bytes < 0:
+        raise ValueError("--update-time, --cycle-ms, --cycle-bytes and --overhead-bytes must be >= 0")
     if args.profile and args.input_shape is None:
         raise ValueError("--profile needs --input-shape (one sample's shape, e.g. 3,224,224)")
     if args.batch_size < 1:
@@ -112,8 +118,8 @@ def run(argv: list[str] | None = None) -> dict:
     assumed = [f"model {args.model}: {len(tensors)} trainable tensors, {sum(t.numel for t in tensors) / 1e6:.2f} M parameters",
                f"link {args.link} = {link.bytes_per_s * 8 / 1e9:g} Gbit/s each way per worker (the goodput, not the "
                f"nominal rate), {args.latency_ms:g} ms per message hop, ring collectives",
-               f"Horovod cycle {args.cycle_ms:g} ms, fusion buffer 128 MB; per-step traffic beyond the gradients "
-               f"{args.overhead_bytes:,.0f} B",
+               f"Horovod cycle {args.cycle_ms:g} ms (HOROVOD_CYCLE_TIME), fusion buffer 128 MB; traffic beyond the "
+               f"gradients {args.cycle_bytes:,.0f} B each cycle the loop is idle plus {args.overhead_bytes:,.0f} B a step",
                "gradients become ready in reverse parameter order, at a pace proportional to their size"]
     if args.profile:
         from pactrain_hvd.planner.profile import measure
@@ -128,7 +134,8 @@ def run(argv: list[str] | None = None) -> dict:
                        "compression " + (", ".join(f"{k} {v * 1e3:g} ms" for k, v in costs.compress_s.items()) or
                                          "free (--compress-time or --profile to count it)"))
     config = HorovodConfig(cycle_time_s=args.cycle_ms / 1e3)
-    predictions = [predict(m, tensors, args.workers, link, costs, config, args.overhead_bytes, args.ranking)
+    coordination = Coordination(args.cycle_bytes, args.overhead_bytes)
+    predictions = [predict(m, tensors, args.workers, link, costs, config, coordination, args.ranking)
                    for m in methods]
     curves = load_curves(args.curve, args.cell) if args.curve else None
     target = args.target if args.target is not None else (curves.default_target() if curves else None)

@@ -77,7 +77,7 @@ class Method:
 def parse_method(name: str) -> Method:
     """``"pactrain-0.9-fp16"`` -> ``Method(kind="pactrain", sparsity=0.9, values="fp16")``; a clear error otherwise.
 
-    A benchmark record's pruning-window suffix (``-w0-0.3``, ``-ramp50``) is ignored: it changes when the
+    A benchmark record's pruning-window and local-steps suffixes (``-w0-0.3``, ``-ramp50``, ``-local40``) are ignored: it changes when the
     masks arrive, not the steady state the planner predicts.
     """
     if not isinstance(name, str):
@@ -94,7 +94,7 @@ def parse_method(name: str) -> Method:
         if rank < 1:
             raise ValueError(f"method {name!r}: PowerSGD rank must be >= 1")
         return Method(name, "powersgd", rank=rank)
-    pattern = r"pactrain-(\d*\.?\d+)(?:-(fp16|bf16|ternary|fp32))?(?:-w\d*\.?\d+-\d*\.?\d+|-ramp\d+)?"
+    pattern = r"pactrain-(\d*\.?\d+)(?:-(fp16|bf16|ternary|fp32))?(?:-w\d*\.?\d+-\d*\.?\d+|-ramp\d+)?(?:-local\d+)?"
     if match := re.fullmatch(pattern, name):
         sparsity = float(match.group(1))
         if not 0 <= sparsity < 1:

@@ -74,11 +74,15 @@ class HorovodConfig:
     fusion_threshold_bytes: int = HOROVOD_DEFAULT_FUSION_BYTES
 
 
-def ring_allreduce_s(nbytes: float, world_size: int, link: Link) -> float:
-    """Ring all-reduce of an ``nbytes`` buffer: reduce-scatter then allgather, ``2 (n-1)`` steps."""
+def _nothing_to_send(nbytes: float, world_size: int) -> bool:
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if world_size == 1 or nbytes <= 0:
+    return world_size == 1 or nbytes <= 0
+
+
+def ring_allreduce_s(nbytes: float, world_size: int, link: Link) -> float:
+    """Ring all-reduce of an ``nbytes`` buffer: reduce-scatter then allgather, ``2 (n-1)`` steps."""
+    if _nothing_to_send(nbytes, world_size):
         return 0.0
     n = world_size
     return (2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * nbytes / link.bytes_per_s
@@ -87,9 +91,7 @@ def ring_allreduce_s(nbytes: float, world_size: int, link: Link) -> float:
 
 def ring_allgather_s(nbytes_per_worker: float, world_size: int, link: Link) -> float:
     """Ring allgather: every worker ends with all ``n`` contributions of ``nbytes_per_worker``."""
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if world_size == 1 or nbytes_per_worker <= 0:
+    if _nothing_to_send(nbytes_per_worker, world_size):
         return 0.0
     n = world_size
     return (n - 1) * link.latency_s + (n - 1) * nbytes_per_worker / link.bytes_per_s \

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from pactrain_hvd.planner.coordination import Coordination, with_coordination
 from pactrain_hvd.planner.methods import Method
 from pactrain_hvd.planner.payload import Tensor, Traffic, traffic
 from pactrain_hvd.planner.step_model import (
@@ -25,7 +26,6 @@ from pactrain_hvd.planner.step_model import (
     Link,
     Stage,
     StepPlan,
-    expected_step,
 )
 
 # reports/step_model/profile.json, workloads.image: top-k select 12.0 ms, zero 0.66 ms, scatter 0.21 ms per worker;
@@ -61,6 +61,7 @@ class Prediction:
     compute_s: float  # forward + backward + update: the step without communication
     compress_s: float
     wait_s: float  # time the step waits for the network (not hidden behind backward)
+    coordination_bytes: float = 0.0  # Horovod's traffic besides the gradients a worker sends per step
 
     @property
     def efficiency(self) -> float:
@@ -88,19 +89,19 @@ def step_plan(method: Method, moved: Traffic, costs: Costs, world_size: int) -> 
 
 
 def predict(method: Method, tensors: Sequence[Tensor], world_size: int, link: Link, costs: Costs,
-            config: HorovodConfig | None = None, extra_bytes_per_step: float = 0.0, ranking: str = "erk") -> Prediction:
+            config: HorovodConfig | None = None, coordination: Coordination | None = None,
+            ranking: str = "erk") -> Prediction:
     """Predicted step of ``method`` on ``world_size`` workers joined by ``link``.
 
-    ``config``: Horovod's cycle and fusion (default: Horovod's own, a 1 ms cycle). ``extra_bytes_per_step``:
-    traffic beyond the gradients each worker sends per step (Horovod's coordination, measured on the
-    repository's slowest links: ``docs/planner.md``), charged at the link rate after the step.
+    ``config``: Horovod's cycle and fusion (default: Horovod's own, a 1 ms cycle). ``coordination``: the
+    traffic besides the gradients (``planner.coordination``; default none), per cycle and per step.
     """
     config = config or HorovodConfig(cycle_time_s=HOROVOD_DEFAULT_CYCLE_TIME_S)
     moved = traffic(method, tensors, world_size, ranking=ranking)
     plan = step_plan(method, moved, costs, world_size)
-    result = expected_step(plan, world_size, link, config)
-    extra = extra_bytes_per_step / link.bytes_per_s if world_size > 1 else 0.0
+    solved = with_coordination(plan, world_size, link, config, coordination or Coordination())
+    result = solved.prediction
     compute = costs.compute_s + costs.update_s
     return Prediction(method=method, handed_bytes=moved.handed_bytes, sent_bytes=moved.sent_bytes(world_size),
-                      step_s=result.step_s + extra, compute_s=compute, compress_s=result.compress_s,
-                      wait_s=result.comm_wait_s + extra)
+                      step_s=solved.step_s, compute_s=compute, compress_s=result.compress_s,
+                      wait_s=solved.step_s - compute - result.compress_s, coordination_bytes=solved.coordination_bytes)

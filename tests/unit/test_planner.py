@@ -6,8 +6,9 @@ import pytest
 
 from pactrain_hvd.core.masks import erk_sparsities, num_to_keep
 from pactrain_hvd.planner import Costs, HorovodConfig, Link, Tensor, load_curves, parse_method, predict, traffic
+from pactrain_hvd.planner.coordination import MEASURED, Coordination, with_coordination
 from pactrain_hvd.planner.payload import pactrain_kept, with_ready_fractions
-from pactrain_hvd.planner.step_model import ring_allgather_s, ring_allreduce_s
+from pactrain_hvd.planner.step_model import StepPlan, Transfer, ring_allgather_s, ring_allreduce_s
 
 # 8192 + 64 + 5000 + 10 + 64 = 13,330 parameters; three tensors of >= 2 dimensions, two of them >= 4096 elements
 SHAPES = [("a.weight", (64, 128)), ("a.bias", (64,)), ("b.weight", (100, 50)), ("b.bias", (10,)), ("c.weight", (8, 8))]
@@ -97,7 +98,8 @@ def test_powersgd_rounds_block_after_backward_and_extra_bytes_cost_link_time():
     # P: 4 * 4 * 1000 = 16 kB, then Q 16 kB: 2 * 1/2 * 16e3 / 1e6 = 0.016 s each
     p = predict(parse_method("powersgd"), tensors, 2, Link(1e6), Costs(compute_s=0.1), FREE)
     assert p.step_s == pytest.approx(0.1 + 0.016 + 0.016)
-    q = predict(parse_method("powersgd"), tensors, 2, Link(1e6), Costs(compute_s=0.1), FREE, extra_bytes_per_step=5e4)
+    q = predict(parse_method("powersgd"), tensors, 2, Link(1e6), Costs(compute_s=0.1), FREE,
+                coordination=Coordination(bytes_per_step=5e4))
     assert q.step_s == pytest.approx(p.step_s + 0.05)
 
 
@@ -156,3 +158,32 @@ def test_curve_portability():
     assert parse_method("pactrain-0.9-fp16").curve_portable and parse_method("powersgd").curve_portable
     assert not parse_method("topk").curve_portable and not parse_method("pactrain-0.95-ternary").curve_portable
     assert parse_method("pactrain-0.9").packed_values == "inherit"
+
+
+def test_coordination_shares_the_link_in_proportion_to_the_idle_cycles():
+    # 60 kB after a 0.3 s backward on 600 kB/s: 0.1 s of wire, nothing hidden
+    plan = StepPlan(forward_s=0.1, backward_s=0.2, hooked=[Transfer(1.0, 60_000)])
+    link, config = Link(600e3), HorovodConfig(cycle_time_s=0.001)
+    quiet = with_coordination(plan, 2, link, config, Coordination())
+    assert quiet.step_s == pytest.approx(0.4, abs=0.001) and quiet.coordination_bytes == 0  # + half a cycle
+    per_cycle = with_coordination(plan, 2, link, config, Coordination(bytes_per_cycle=240))
+    # the fixed point: the gradients move at 600 kB/s less 240 B x idle cycles / step
+    step, busy = per_cycle.prediction.step_s, per_cycle.prediction.busy_s
+    rate = 240 * (step - busy) / (0.001 * step)
+    assert busy == pytest.approx(60_000 / (600e3 - rate), rel=1e-4)
+    assert per_cycle.cycles == pytest.approx((step - busy) / 0.001)
+    assert per_cycle.coordination_bytes == pytest.approx(240 * per_cycle.cycles)
+    # a longer cycle sends fewer coordination bytes and costs less time; the remainder is charged at the full rate
+    slow = with_coordination(plan, 2, link, HorovodConfig(cycle_time_s=0.025), Coordination(240, 6_000))
+    assert quiet.step_s + 0.01 < slow.step_s < per_cycle.step_s
+    assert slow.step_s == pytest.approx(slow.prediction.step_s + 6_000 / 600e3)
+    # one worker sends nothing
+    assert with_coordination(plan, 1, link, config, MEASURED).coordination_bytes == 0
+
+
+def test_coordination_is_noise_on_a_fast_link():
+    tensors = [Tensor("w", (1000, 1000))]
+    costs, config = Costs(compute_s=0.1), HorovodConfig(cycle_time_s=0.001)
+    free = predict(parse_method("fp16"), tensors, 8, Link.gbit(10), costs, config)
+    busy = predict(parse_method("fp16"), tensors, 8, Link.gbit(10), costs, config, MEASURED)
+    assert busy.step_s == pytest.approx(free.step_s, rel=0.01) and busy.coordination_bytes > 0

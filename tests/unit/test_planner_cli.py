@@ -55,6 +55,21 @@ def test_curves_give_time_to_target(capsys, tmp_path):
     assert "target 0.7" in out
 
 
+def test_cycle_time_and_coordination_on_a_slow_link(capsys, tmp_path):
+    """At a few Mbit/s Horovod's coordination costs time at a 1 ms cycle; at 25 ms a step waits up to a cycle for
+    its gradients instead (on this tiny model's 1 kB payload, the larger cost)."""
+    steps = {}
+    for label, extra in (("1 ms", []), ("25 ms", ["--cycle-ms", "25"]),
+                         ("none", ["--cycle-bytes", "0", "--overhead-bytes", "0"])):
+        out_json = tmp_path / "plan.json"
+        assert main(["--model", f"{FIXTURE}:tiny", "--workers", "2", "--link", "5mbit", "--step-time", "0.1",
+                     "--methods", "topk-0.001", "--json", str(out_json), *extra]) == 0
+        steps[label] = json.loads(out_json.read_text())["rows"][0]["step_s"]
+    # at most one cycle, plus the 17.5 kB a step beyond the cycles at 5 Mbit/s
+    assert steps["none"] < steps["1 ms"] and steps["none"] < steps["25 ms"] < steps["none"] + 0.025 + 17_500 / 625e3
+    assert "242 B each cycle the loop is idle plus 17,500 B a step" in capsys.readouterr().out
+
+
 def test_profile_measures_here(capsys):
     assert main(["--model", f"{FIXTURE}:tiny", "--workers", "2", "--link", "100mbit", "--profile",
                  "--input-shape", "1,8,8", "--batch-size", "4", "--methods", "dense,fp16,pactrain-0.9-fp16"]) == 0
@@ -71,6 +86,7 @@ def test_profile_measures_here(capsys):
     (["--model", f"{FIXTURE}:nothing"], "no attribute 'nothing'"),
     (["--curve", "/no/such/curves.json"], "--curve"),
     (["--compress-time", "fp16"], "--compress-time"),
+    (["--cycle-bytes", "-1"], "--cycle-bytes"),
 ])
 def test_bad_input_names_the_argument(capsys, arguments, named):
     base = {"--model": f"{FIXTURE}:tiny", "--workers": "2", "--link": "1gbit", "--step-time": "0.1"}

@@ -44,7 +44,7 @@ def test_ternary_decodes_the_summed_lanes_at_the_held_scale():
     assert virtual.scales["w"] == scale  # held for the next step
 
 
-@pytest.mark.parametrize("method", ["topk", "pactrain-0.9-ternary"])
+@pytest.mark.parametrize("method", ["topk", "pactrain-0.9-ternary", "powersgd"])
 @pytest.mark.parametrize("workers", [2, 16])
 def test_error_feedback_loses_nothing(method, workers):
     """Over T steps: N x (sum of the averaged gradients) + every worker's memory = every gradient summed."""
@@ -86,7 +86,17 @@ def test_ternary_sends_fp16_where_lanes_do_not_fit():
 def test_bad_use():
     with pytest.raises(ValueError, match="one gradient per worker"):
         VirtualWorkers(parse_method("topk"), 2).reduce("w", grads(3))
-    with pytest.raises(ValueError, match="PowerSGD"):
-        VirtualWorkers(parse_method("powersgd"), 2)
     with pytest.raises(ValueError, match="workers"):
         VirtualWorkers(parse_method("topk"), 0)
+
+
+def test_powersgd_is_the_rank_r_factorisation_of_the_mean_with_shared_factors():
+    """Linear in the summed gradient given the shared P and Q: N workers' mean P Q^T equals one worker's on the mean."""
+    g = grads(4)
+    four = VirtualWorkers(parse_method("powersgd"), 4).reduce("w", g)
+    one = VirtualWorkers(parse_method("powersgd"), 1).reduce("w", [sum(g) / np.float32(4)])
+    np.testing.assert_allclose(four, one, rtol=1e-4, atol=1e-5)
+    assert np.linalg.matrix_rank(four.astype(np.float64), tol=1e-4) == 4
+    small = grads(2, (10, 10))  # 100 elements: averaged whole
+    np.testing.assert_array_equal(VirtualWorkers(parse_method("powersgd"), 2).reduce("b", small),
+                                  (small[0] + small[1]) / np.float32(2))
