@@ -1,6 +1,6 @@
 """The time-to-accuracy report from the record of ``tta.py``: one table and one plot per cell.
 
-Targets, per cell: dense fp16's final metric less 0.5 pp of accuracy (or 1 % more perplexity; a part
+Targets, per cell: dense fp16's final metric less 0.5 pp of accuracy (or 3 % more perplexity; a part
 without an fp16 run takes fp16's final from another part's record, ``tta --reference``), and a
 lower one that every method which did all its steps reaches (the worst final metric of those runs, if
 below the first; a run a wall-clock budget stopped does not set it). *At
@@ -38,8 +38,8 @@ def higher_is_better(metric: str) -> bool:
 
 
 def loosen(value: float, metric: str) -> float:
-    """The first target from fp16's final value: 0.5 pp below in accuracy, 1 % above in perplexity."""
-    return value - 0.005 if higher_is_better(metric) else value * 1.01
+    """The first target from fp16's final value: 0.5 pp below in accuracy, 3 % above in perplexity."""
+    return value - 0.005 if higher_is_better(metric) else value * 1.03
 
 
 def reaches(value: float, target: float, metric: str) -> bool:
