@@ -22,7 +22,8 @@ from pathlib import Path
 
 from benchmarks.common.methods import DEFAULT_METHODS, QUICK_METHODS
 from benchmarks.links.links import parse_link
-from benchmarks.runner.harness import BATCH_SIZES, SKIPPED, BenchConfig, run_benchmark
+from benchmarks.runner.config import BATCH_SIZES, SKIPPED, BenchConfig
+from benchmarks.runner.run import run_benchmark
 from benchmarks.throughput.report import evaluate_targets, results_table, targets_table, write_outputs
 
 DEFAULT_BANDWIDTHS = ("100mbit", "1gbit", "unthrottled")

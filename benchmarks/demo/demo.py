@@ -25,7 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.links.links import Loopback, Topology, namespaces_unavailable, parse_link
-from benchmarks.runner.harness import Processes, cleanup_on_signals, probe_links, run_job
+from benchmarks.links.probing import probe_links
+from benchmarks.runner.jobs import run_job
+from benchmarks.runner.processes import Processes
+from benchmarks.runner.signals import cleanup_on_signals
 from pactrain_hvd.core.accounting import ring_allreduce_bytes
 
 REPO = Path(__file__).resolve().parents[2]

@@ -146,6 +146,19 @@ def delete_namespace(name: str) -> None:
         pass
 
 
+def remove_stale_namespaces() -> list[str]:
+    """Delete the namespaces of dead runs (``stale_namespaces``); returns their names."""
+    stale = stale_namespaces(list_namespaces())
+    for name in stale:
+        delete_namespace(name)
+    return stale
+
+
+def in_namespace(namespace: str | None, command: list[str]) -> list[str]:
+    """``command`` run inside ``namespace``; ``None`` (a ``Loopback`` topology) runs it here."""
+    return command if namespace is None else ["ip", "netns", "exec", namespace, *command]
+
+
 def write_hosts_file(namespace: str, address: str) -> Path:
     """Make this machine's hostname resolve to ``address`` for commands run by ``ip netns exec``.
 

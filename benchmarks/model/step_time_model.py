@@ -175,7 +175,7 @@ def profile(out: Path) -> dict:
     import torch
 
     from benchmarks.micro import step_profile
-    from benchmarks.runner.harness import BATCH_SIZES
+    from benchmarks.runner.config import BATCH_SIZES
 
     torch.set_num_threads(1)  # as the benchmark's workers
     result = {"threads": 1, "models": {}, "copy_bytes_per_s": step_profile.copy_bytes_per_s(),

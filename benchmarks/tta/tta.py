@@ -25,14 +25,10 @@ import time
 from pathlib import Path
 
 from benchmarks.links.links import Loopback, Topology, namespaces_unavailable, parse_link
-from benchmarks.runner.harness import (
-    Processes,
-    cleanup_on_signals,
-    probe_links,
-    python_module,
-    run_concurrently,
-    run_job,
-)
+from benchmarks.links.probing import probe_links
+from benchmarks.runner.jobs import run_job
+from benchmarks.runner.processes import Processes, python_module, run_concurrently
+from benchmarks.runner.signals import cleanup_on_signals
 from benchmarks.tta.tta_report import adopt_reference, write_report
 
 REPO = Path(__file__).resolve().parents[2]

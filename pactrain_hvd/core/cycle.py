@@ -7,7 +7,9 @@ the Mask Tracker is due are decided here, the same way for all of them.
 
 A step's life: ``first_masks_due`` (a schedule that prunes at step 0 ranks before the step's first
 communication, then ``pruned_early``), ``take_verification`` before the first communication,
-``update_due`` before the optimizer's update, ``advance`` after it.
+``update_due`` before the optimizer's update, ``advance`` after it. A state whose step runs as a traced
+graph (TF) maintains only at steps chosen ahead: ``next_due`` says which, ``maintenance`` what is due there,
+``maintained`` records it done.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 from pactrain_hvd.core.config import PacTrainConfig
 
 NEVER = int(np.iinfo(np.int64).max)  # ``next_maintenance``: no schedule update or periodic check is left
+DUE_NOW = -1  # ``PruningCycle.next_due``: a requested check is due at the next step, whatever its number
 
 
 class PruningCycle:
@@ -31,11 +34,22 @@ class PruningCycle:
 
     def __init__(self, config: PacTrainConfig, tracking: bool, communicating: bool = True) -> None:
         self.config = config
-        self.step = 0
+        self._step = 0
+        self._maintained: int | None = None  # the step last ``maintained``, while the position is there
         self.tracking = tracking
         self.checks_masks = tracking and communicating
         self.verify_pending = communicating
         self.pruned_at: int | None = None  # the step whose masks were ranked before its first communication
+
+    @property
+    def step(self) -> int:
+        """The schedule position: the steps taken."""
+        return self._step
+
+    @step.setter
+    def step(self, step: int) -> None:
+        self._step = int(step)
+        self._maintained = None
 
     def first_masks_due(self, holds_masks: bool) -> bool:
         """Whether the schedule ranks the first masks at step 0, before its first communication (none held yet:
@@ -74,6 +88,30 @@ class PruningCycle:
         self.step += 1
         if self.checks_masks and self.config.verifies_at(self.step):
             self.verify_pending = True
+
+    # -- a state that maintains only at the steps it chose ahead (TF's traced step) --------------------
+    def maintenance(self, step: int) -> str | None:
+        """What is due at ``step`` (the traced step's counter): ``maintenance_at``'s ``RANK``, ``VERIFY`` or None."""
+        return maintenance_at(self.config, step, requested=self.verify_pending)
+
+    def maintained(self, step: int) -> None:
+        """What was due at ``step`` is done (not where it raised: then it is due again): the position is there,
+        a requested check taken, and ``next_due`` names a later step."""
+        self.step = step
+        self.verify_pending = False
+        self._maintained = self._step
+
+    def next_due(self) -> int:
+        """The step of the next maintenance: ``DUE_NOW`` where a check is requested, else the first schedule
+        update or periodic check from this step on (after it, once ``maintained`` there)."""
+        if self.verify_pending:
+            return DUE_NOW
+        return next_maintenance(self.config, self._step if self._maintained == self._step else self._step - 1)
+
+    def maintenance_due(self, step: int) -> bool:
+        """Whether ``step`` (the traced step's counter) is the one ``next_due`` names, or a check is requested."""
+        due = self.next_due()
+        return due == DUE_NOW or due == step
 
 
 RANK, VERIFY = "rank", "verify"

@@ -53,7 +53,7 @@ class HorovodEngine:
             reduced = self._communicate(shared_grads, positions, maintain=True)
         else:
             step = self.step_count
-            if self._maintenance_due(step):
+            if self.cycle.maintenance_due(step):
                 self._maintain(step)
             reduced = self._communicate_eagerly(shared_grads, positions, maintain=False)
         local = sorted(set(range(len(grads))) - set(shared))

@@ -1,9 +1,9 @@
 """Maintenance of ``PacTrainState``, between steps: new masks and plan, zeroing, schedule and Mask Tracker.
 
-A mixin of ``PacTrainState`` (``state.py``), whose attributes it reads. Which steps need maintenance is
-``core.cycle``'s (``next_maintenance``); eagerly it runs in Python before the step's communication,
-inside a traced step through a ``tf.py_function`` under a ``tf.cond`` on the step counter
-(``engine.py``), and the zeroing of what new masks prune is then done by graph ops.
+A mixin of ``PacTrainState`` (``state.py``), whose attributes it reads. Which steps need maintenance, and
+what is due there, is the state's ``core.cycle.PruningCycle``'s (``next_due``, ``maintenance``); eagerly it
+runs in Python before the step's communication, inside a traced step through a ``tf.py_function`` under a
+``tf.cond`` on the step counter (``engine.py``), and the zeroing of what new masks prune is then done by graph ops.
 """
 
 from __future__ import annotations
@@ -16,12 +16,10 @@ import numpy as np
 import tensorflow as tf
 
 from pactrain_hvd.core import should_pack
-from pactrain_hvd.core.cycle import RANK, VERIFY, maintenance_at, next_maintenance
+from pactrain_hvd.core.cycle import DUE_NOW, RANK, VERIFY
 from pactrain_hvd.tensorflow.compression import UNMASKED
 from pactrain_hvd.tensorflow.own_masks import sync_tfmot_masks
 from pactrain_hvd.tensorflow.pruning import backing_variable, optimizer_slots
-
-DUE_NOW = -1  # ``_next_due`` value: maintain (and verify) at the next step, whatever its number
 
 
 class Maintenance:
@@ -71,22 +69,24 @@ class Maintenance:
     def request_verification(self) -> None:
         """Verify masks at the next step. Only for calls every rank makes (``broadcast_masks``, elastic
         sync): a rank that verifies alone waits for the others forever."""
-        self._next_due.assign(DUE_NOW)
+        self.cycle.request_verification()
+        self._next_due.assign(self.cycle.next_due())
 
     def _set_step(self, step: int) -> None:
         """Move the schedule position (a restore); the next maintenance follows from it, nothing more."""
+        self.cycle.step = step
         self._step.assign(step)
-        if int(self._next_due.numpy()) != DUE_NOW:
-            self._next_due.assign(self._next_maintenance_after(step - 1))
+        self._next_due.assign(self.cycle.next_due())
 
     def _maintenance_due(self, step: Any) -> tf.Tensor:
+        """``PruningCycle.maintenance_due`` as graph ops, on the cycle's mirrors."""
         due = self._next_due.read_value()
         return tf.logical_or(tf.equal(step, due), tf.equal(due, DUE_NOW))
 
     def _maintain(self, step: int, zero_now: bool = True) -> bool:
         """Schedule update and/or Mask Tracker check due at ``step``; then when to come back.
         Returns whether the masks changed."""
-        due = maintenance_at(self.config, step, requested=int(self._next_due.numpy()) == DUE_NOW)
+        due = self.cycle.maintenance(step)
         changed = due == RANK
         if changed:
             if self.optimizer is None and not self._pruner.masks:
@@ -95,11 +95,9 @@ class Maintenance:
             self._install(self._pruner.rank(step), zero_now)
         elif due == VERIFY:
             self._pruner.verify(step)
-        self._next_due.assign(self._next_maintenance_after(step))
+        self.cycle.maintained(step)
+        self._next_due.assign(self.cycle.next_due())
         return changed
-
-    def _next_maintenance_after(self, step: int) -> int:
-        return next_maintenance(self.config, step)
 
     def _maintain_in_graph(self, step: tf.Tensor) -> bool:
         """The ``py_function`` body. TF re-raises a Python error from here as ``tf.errors.UnknownError``

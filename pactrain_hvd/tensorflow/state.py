@@ -45,6 +45,7 @@ from pactrain_hvd.core import (
 )
 from pactrain_hvd.core.agreement import horovod_settings
 from pactrain_hvd.core.config import pactrain_keywords, reduce_op_name
+from pactrain_hvd.core.cycle import PruningCycle
 from pactrain_hvd.core.encodings import ENCODINGS, packed_values_argument
 from pactrain_hvd.core.lanes import ternary_layout
 from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
@@ -53,7 +54,7 @@ from pactrain_hvd.tensorflow.arguments import checked_arguments
 from pactrain_hvd.tensorflow.binding import Binding
 from pactrain_hvd.tensorflow.compression import PACKED_WIRES, PacTrainCompressor
 from pactrain_hvd.tensorflow.engine import HorovodEngine
-from pactrain_hvd.tensorflow.maintenance import DUE_NOW, Maintenance
+from pactrain_hvd.tensorflow.maintenance import Maintenance
 from pactrain_hvd.tensorflow.pruning import (
     Pruner,
     backing_variable,
@@ -165,10 +166,13 @@ class PacTrainState(Binding, Maintenance, HorovodEngine, tf.train.experimental.P
         self._broadcast_request: Any = None  # see functions.broadcast_variables_at_next_reduction
         self._zero_in_graph = False  # binding inside a trace: see ``bind``
         self._zero_due: tf.Variable | None = None  # set when masks were installed at a traced binding
+        # Every check proves the position (the Pruner skips what a process alone need not prove); the first step checks.
+        self.cycle = PruningCycle(self.config, tracking=True)
         with tf.init_scope():
+            # The traced step's mirrors of the cycle: its position (which the graph advances) and next maintenance step.
             self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="pactrain_step")
-            # The first step verifies (every rank makes one); later, the steps ``_maintain`` chooses.
-            self._next_due = tf.Variable(DUE_NOW, dtype=tf.int64, trainable=False, name="pactrain_next_maintenance")
+            self._next_due = tf.Variable(self.cycle.next_due(), dtype=tf.int64, trainable=False,
+                                         name="pactrain_next_maintenance")
             self._sent_bytes = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False,
                                            name="pactrain_sent_bytes")
         self._communicate_eagerly = tf.function(self._communicate)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import types
 import warnings
 from typing import Any
@@ -192,31 +193,34 @@ class DistributedGradientTape:
                 [pair for pair, local in zip(pairs, is_local) if not local])
 
 
-def PartialDistributedGradientTape(  # noqa: N802 - the name Horovod users know
-    gradtape: tf.GradientTape,
-    device_dense: str = "",
-    device_sparse: str = "",
-    compression: type[Compressor] = Compression.none,
-    sparse_as_dense: bool = False,
-    op: Any = hvd.Average,
-    gradient_predivide_factor: float = 1.0,
-    num_groups: int = 0,
-    groups: int | list | None = None,
-    process_set: hvd.ProcessSet = hvd.global_process_set,
-    local_layers: Any = None,
-    scale_local_gradients: bool = True,
-    **pactrain: Any,
-) -> DistributedGradientTape:
+def _partial_signature() -> inspect.Signature:
+    """``hvd.PartialDistributedGradientTape``'s signature: the tape's, with ``local_layers`` before
+    ``scale_local_gradients`` (Horovod's order) and no ``state``."""
+    tape = inspect.signature(DistributedGradientTape.__init__)
+    parameters = [p for name, p in tape.parameters.items() if name not in ("self", "state")]
+    at = [p.name for p in parameters].index("scale_local_gradients")
+    parameters.insert(at, inspect.Parameter("local_layers", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None))
+    return tape.replace(parameters=parameters, return_annotation="DistributedGradientTape")
+
+
+_PARTIAL_SIGNATURE = _partial_signature()
+
+
+def PartialDistributedGradientTape(*args: Any, **kwargs: Any) -> DistributedGradientTape:  # noqa: N802 - Horovod's name
     """``hvd.PartialDistributedGradientTape``: the trainable weights of ``local_layers`` (a Keras layer or a
     list of them) are local sources; the rest as ``DistributedGradientTape`` (PacTrain arguments too)."""
+    arguments = _PARTIAL_SIGNATURE.bind(*args, **kwargs).arguments
+    local_layers = arguments.pop("local_layers", None)
+    pactrain = arguments.pop("pactrain", {})
     layers = [] if local_layers is None else [local_layers] if hasattr(local_layers, "trainable_weights") \
         else list(local_layers)
     if not all(hasattr(layer, "trainable_weights") for layer in layers):
         raise ValueError("local_layers must be a Keras layer or a list of Keras layers")
-    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
-                                   gradient_predivide_factor, num_groups, groups, process_set, scale_local_gradients,
-                                   **pactrain)
+    tape = DistributedGradientTape(**arguments, **pactrain)
     for layer in layers:
         for weight in layer.trainable_weights:
             tape.register_local_source(weight)
     return tape
+
+
+PartialDistributedGradientTape.__signature__ = _PARTIAL_SIGNATURE

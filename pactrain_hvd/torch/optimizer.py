@@ -21,6 +21,7 @@ from pactrain_hvd.core import PacTrainConfig
 from pactrain_hvd.core.agreement import horovod_settings
 from pactrain_hvd.core.config import config_arguments, pactrain_keywords, reduce_op_name
 from pactrain_hvd.core.encodings import packed_values_argument
+from pactrain_hvd.core.facade import StateReadings
 from pactrain_hvd.torch import checkpoint
 from pactrain_hvd.torch.arguments import checked_arguments, checked_parameters
 from pactrain_hvd.torch.engine import HorovodEngine
@@ -33,7 +34,7 @@ def _shared(attribute: str) -> property:
                     lambda self, value: setattr(self._optimizer, attribute, value))
 
 
-class DistributedOptimizer(HorovodEngine, torch.optim.Optimizer):
+class DistributedOptimizer(HorovodEngine, StateReadings, torch.optim.Optimizer):
     """Drop-in replacement for ``hvd.DistributedOptimizer`` that prunes and packs.
 
     Takes every argument of ``hvd.DistributedOptimizer`` with the same defaults, plus:
@@ -161,26 +162,6 @@ class DistributedOptimizer(HorovodEngine, torch.optim.Optimizer):
     @property
     def config(self) -> PacTrainConfig:
         return self._pactrain.config
-
-    @property
-    def step_count(self) -> int:
-        """Optimizer steps taken: the schedule position."""
-        return self._pactrain.step_count
-
-    def masks(self) -> dict[str, torch.Tensor]:
-        """``{parameter name: bool mask}`` for every pruned parameter (copies)."""
-        return self._pactrain.masks()
-
-    def stats(self) -> dict:
-        """The last step's wire bytes, bits per packed value, per-tensor density and plan (``PacTrainState.stats``)."""
-        return self._pactrain.stats()
-
-    def set_masks(self, masks: dict[str, Any]) -> None:
-        """Replace the masks (bool tensors or arrays by parameter name); local, no communication.
-
-        Ranks prove they agree at the first step, then every ``verify_every`` steps.
-        """
-        self._pactrain.set_masks(masks)
 
     # -- the step -------------------------------------------------------------------------------
     def step(self, closure=None):

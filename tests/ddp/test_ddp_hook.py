@@ -17,7 +17,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compr
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import pactrain_hvd.torch as pt
-from benchmarks.runner.harness import free_port
+from benchmarks.runner.jobs import free_port
 from pactrain_hvd.core import MaskMismatchError, NonFiniteWeightsError, SettingsMismatchError
 
 WORLD = 2

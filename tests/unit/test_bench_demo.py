@@ -5,8 +5,8 @@ import json
 import pytest
 
 from benchmarks.demo.demo import DemoRun, aligned_table, plot_curves, results_table, write_outputs
-from benchmarks.links.links import LinkSpec, Loopback
-from benchmarks.runner.harness import BenchConfig, in_namespace, job_count
+from benchmarks.links.links import LinkSpec, Loopback, in_namespace
+from benchmarks.runner.config import BenchConfig, job_count
 
 
 def made_up(title, samples_per_s, accuracy, sent, nic=None, wall=60.0):

@@ -4,7 +4,7 @@ import pytest
 
 from benchmarks.common.methods import parse_method, pruning_schedule
 from benchmarks.common.timing import PhaseClock, StepTimes, instrument
-from benchmarks.runner.harness import summarize_cell
+from benchmarks.runner.summary import summarize_cell
 from benchmarks.throughput.report import evaluate_targets, markdown, minimum_payload_bytes
 
 

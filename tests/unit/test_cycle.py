@@ -1,7 +1,7 @@
 """The pruning state machine (``core.cycle``): the decisions every frontend's state shares."""
 
 from pactrain_hvd.core import PacTrainConfig
-from pactrain_hvd.core.cycle import NEVER, RANK, VERIFY, PruningCycle, maintenance_at, next_maintenance
+from pactrain_hvd.core.cycle import DUE_NOW, NEVER, RANK, VERIFY, PruningCycle, maintenance_at, next_maintenance
 
 
 def test_first_step_verifies_then_every_verify_every_steps():
@@ -38,3 +38,20 @@ def test_maintenance_ahead_of_time():
     assert [maintenance_at(config, step, requested=step == 0) for step in range(6)] == [
         VERIFY, None, RANK, None, RANK, VERIFY]
     assert next_maintenance(config, 4) == 5 and next_maintenance(PacTrainConfig(verify_every=0, end_step=0), 1) == NEVER
+
+
+def test_a_traced_step_maintains_at_the_steps_the_cycle_names():
+    cycle = PruningCycle(PacTrainConfig(sparsity=0.5, begin_step=2, end_step=4, frequency=2, verify_every=5),
+                         tracking=True)
+    assert cycle.next_due() == DUE_NOW and cycle.maintenance_due(7)  # the first step checks, whatever its number
+    assert cycle.maintenance(0) == VERIFY
+    assert cycle.next_due() == DUE_NOW  # not done yet (it raised, say): due again
+    cycle.maintained(0)
+    assert cycle.next_due() == 2 and cycle.maintenance_due(2) and not cycle.maintenance_due(1)
+    assert cycle.maintenance(2) == RANK
+    cycle.maintained(2)
+    assert cycle.step == 2 and cycle.next_due() == 4
+    cycle.step = 4  # a restore: the step it lands on is maintained again
+    assert cycle.next_due() == 4
+    cycle.request_verification()
+    assert cycle.next_due() == DUE_NOW and cycle.maintenance(3) == VERIFY

@@ -8,9 +8,9 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
+from pactrain_hvd.core.facade import StateReadings
 from pactrain_hvd.tensorflow.engine import scale_gradient
 from pactrain_hvd.tensorflow.keras.gradient_aggregation import LocalAggregation
 from pactrain_hvd.tensorflow.pruning import build_optimizer
@@ -31,7 +31,7 @@ class _LastReduction:
         return bool(present) and len(present) == len(self.grads) and all(a is b for a, b in zip(present, self.grads))
 
 
-class PacTrainOptimizer:
+class PacTrainOptimizer(StateReadings):
     """What the distributed optimizer adds to the user's: the state, its reports, sparsity enforcement."""
 
     pactrain_state: PacTrainState
@@ -42,23 +42,6 @@ class PacTrainOptimizer:
         if "_pactrain_last_reduction" not in vars(self):
             self._pactrain_last_reduction = _LastReduction()
         return self._pactrain_last_reduction
-
-    @property
-    def step_count(self) -> int:
-        """Optimizer steps taken: the schedule position."""
-        return self.pactrain_state.step_count
-
-    def masks(self) -> dict[str, np.ndarray]:
-        """``{variable name: bool mask}`` for every pruned variable (copies)."""
-        return self.pactrain_state.masks()
-
-    def stats(self) -> dict:
-        """The last step's wire bytes (sent and dense-equivalent), per-tensor density and plan."""
-        return self.pactrain_state.stats()
-
-    def set_masks(self, masks: dict[str, Any]) -> None:
-        """Replace the masks by variable name; local (see ``PacTrainState.set_masks`` for when ranks are compared)."""
-        self.pactrain_state.set_masks(masks)
 
     def register_local_var(self, var: Any) -> None:
         """Gradients of ``var`` are not reduced (scaled by 1/size if ``scale_local_gradients``)."""
