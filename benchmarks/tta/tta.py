@@ -1,12 +1,14 @@
 """Time to accuracy on emulated links: PacTrain against dense fp32, fp16, Top-k and PowerSGD, end to end
-(on Horovod, and on torch DDP against torch's own fp16 and PowerSGD hooks: ``ddp-`` methods).
+(on Horovod, and on torch DDP against torch's own fp16 and PowerSGD hooks: ``ddp-`` methods; ``tf-`` methods
+train the image workload in TensorFlow, ``tf_tta_worker.py``, in the same command).
 
     python -m benchmarks tta --quick          # a few steps per method: bytes and sanity (make test)
     python -m benchmarks tta --workloads image --links 100mbit --workers 2 --steps 900 --eval-every 75
 
 A cell is (workload, link, workers). For each cell the harness makes one network namespace and
 emulated NIC per worker (``links.py``), measures the *concurrent* compute bound (all workers
-training at once with no communication, so they share the CPU as a cell's ranks do), then trains
+training at once with no communication, so they share the CPU as a cell's ranks do; TensorFlow's tape loop
+when every method of the part is a ``tf-`` one, else torch's), then trains
 every method for the same steps (``tta_worker.py``: same seed, data order, optimizer and cosine
 schedule) and records its curve: (training seconds, step, held-out metric, NIC bytes). Each run
 is appended to ``--record`` as it finishes, so the matrix can run in parts and a stop loses at

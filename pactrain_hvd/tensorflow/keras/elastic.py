@@ -30,10 +30,9 @@ from typing import Any
 import horovod.tensorflow as hvd
 import horovod.tensorflow.keras.elastic as hvd_elastic
 import tensorflow as tf
-
-from pactrain_hvd.core import WorldSizeChangedWarning
 from horovod.common.elastic import ObjectState
 
+from pactrain_hvd.core import WorldSizeChangedWarning
 from pactrain_hvd.tensorflow.functions import broadcast_masks, broadcast_variables_at_next_reduction, state_of
 from pactrain_hvd.tensorflow.pruning import backing_variable, build_optimizer, optimizer_variables
 
