@@ -252,7 +252,9 @@ def cell_markdown(key: str, cell: dict, summary: dict) -> str:
                          f", at least {v['speedup_over_fp16_at_least']:.2f}x sooner than fp16 (stopped by the budget)."
                          if "speedup_over_fp16_at_least" in v else ".")]
     else:
-        lines += ["", f"No comparison on the target: PacTrain best {v['pactrain']}, best peer {v['peer']}."]
+        lines += ["", f"No comparison on the target: PacTrain best {v['pactrain']}, best peer {v['peer']}."
+                      + (f" PacTrain's best reaches it in {v['pactrain_s']:.0f} s, at least {v['speedup_over_fp16_at_least']:.1f}x "
+                         "sooner than fp16 (stopped by the budget)." if "speedup_over_fp16_at_least" in v else "")]
     return "\n".join(lines)
 
 

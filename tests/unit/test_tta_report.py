@@ -130,3 +130,4 @@ def test_a_tensorflow_cell_takes_tf_fp16_as_its_reference_and_names_a_part_that_
     assert summary["verdict"]["speedup_over_fp16_at_least"] == 30.0
     text = cell_markdown("image/5mbit/2w", part["cells"]["image/5mbit/2w"], summary)
     assert "| tf-fp16 (evaluation every 1, budget 240 s) | 0.7000 | >= 600 s" in text
+    assert "reaches it in 20 s, at least 30.0x sooner than fp16 (stopped by the budget)" in text
