@@ -1,12 +1,14 @@
 """Time to accuracy on emulated links: PacTrain against dense fp32, fp16, Top-k and PowerSGD, end to end
-(on Horovod, and on torch DDP against torch's own fp16 and PowerSGD hooks: ``ddp-`` methods).
+(on Horovod, and on torch DDP against torch's own fp16 and PowerSGD hooks: ``ddp-`` methods; ``tf-`` methods
+train the image workload in TensorFlow, ``tf_tta_worker.py``, in the same command).
 
     python -m benchmarks tta --quick          # a few steps per method: bytes and sanity (make test)
     python -m benchmarks tta --workloads image --links 100mbit --workers 2 --steps 900 --eval-every 75
 
 A cell is (workload, link, workers). For each cell the harness makes one network namespace and
 emulated NIC per worker (``links.py``), measures the *concurrent* compute bound (all workers
-training at once with no communication, so they share the CPU as a cell's ranks do), then trains
+training at once with no communication, so they share the CPU as a cell's ranks do; TensorFlow's tape loop
+when every method of the part is a ``tf-`` one, else torch's), then trains
 every method for the same steps (``tta_worker.py``: same seed, data order, optimizer and cosine
 schedule) and records its curve: (training seconds, step, held-out metric, NIC bytes). Each run
 is appended to ``--record`` as it finishes, so the matrix can run in parts and a stop loses at
@@ -24,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common.methods import parse_method
 from benchmarks.links.links import Loopback, Topology, namespaces_unavailable, parse_link
 from benchmarks.links.probing import probe_links
 from benchmarks.runner.jobs import run_job
@@ -61,13 +64,22 @@ def worker_command(args: argparse.Namespace, workload: str, method: str, out: Pa
              "--eval-samples", str(args.eval_samples), "--eval-batches", str(args.eval_batches),
              "--seed", str(args.seed), "--out", str(out),
              *(["--batch-size", str(args.batch_size)] if args.batch_size else [])]
-    return python_module("benchmarks.tta.tta_worker", *flags, *(["--compute-only"] if compute_only else []))
+    module = "benchmarks.tta.tf_tta_worker" if is_tensorflow(method) else "benchmarks.tta.tta_worker"
+    return python_module(module, *flags, *(["--compute-only"] if compute_only else []))
 
 
-def concurrent_bound(args: argparse.Namespace, workload: str, workers: int, processes: Processes, workdir: Path) -> dict:
-    """``workers`` plain-torch trainings at once, no communication: the step-time floor of this machine."""
+def is_tensorflow(method: str) -> bool:
+    """``tf-`` methods train in TensorFlow (``tf_tta_worker.py``), the rest in torch (``tta_worker.py``)."""
+    return parse_method(method).framework == "tensorflow"
+
+
+def concurrent_bound(args: argparse.Namespace, workload: str, workers: int, processes: Processes, workdir: Path,
+                     framework: str = "torch") -> dict:
+    """``workers`` plain trainings at once (torch's, or TensorFlow's tape loop), no communication: the step-time
+    floor of this machine."""
     outs = [workdir / f"bound-{workload}-{rank}.json" for rank in range(workers)]
-    commands = [worker_command(args, workload, "dense", out, compute_only=True, steps=BOUND_STEPS) for out in outs]
+    method = "tf-dense" if framework == "tensorflow" else "dense"
+    commands = [worker_command(args, workload, method, out, compute_only=True, steps=BOUND_STEPS) for out in outs]
     run_concurrently(processes, commands, [out.with_suffix(".log") for out in outs], args.timeout,
                      f"compute bound for {workload}")
     ranks = [json.loads(out.read_text()) for out in outs]
@@ -76,7 +88,7 @@ def concurrent_bound(args: argparse.Namespace, workload: str, workers: int, proc
         return statistics.median(statistics.median(s[2:] or s) for s in series)
 
     step_s = median([r["step_s"] for r in ranks])
-    return {"workers": workers, "step_s": step_s, "samples_per_s": workers * ranks[0]["batch_size"] / step_s,
+    return {"workers": workers, "framework": framework, "step_s": step_s, "samples_per_s": workers * ranks[0]["batch_size"] / step_s,
             **{f"{phase}_s": median([r["phases_s"][phase] for r in ranks]) for phase in ("compute", "update")}}
 
 
@@ -104,12 +116,13 @@ def run_cell(args: argparse.Namespace, record: dict, workload: str, link_text: s
                                             "steps": args.steps, "eval_every": args.eval_every,
                                             "budget_s": args.budget_s, "cycle_time_ms": args.cycle_time_ms,
                                             "batch_size": args.batch_size})
-    protocol = (cell["steps"], cell["eval_every"], cell.get("budget_s", 0.0), cell.get("cycle_time_ms"),
-                cell.get("batch_size"))
-    asked = (args.steps, args.eval_every, args.budget_s, args.cycle_time_ms, args.batch_size)
+    # Steps, cycle time and batch make the cell; a part may evaluate more often or stop at a budget (each run
+    # records its own evaluation interval and budget).
+    protocol = (cell["steps"], cell.get("cycle_time_ms"), cell.get("batch_size"))
+    asked = (args.steps, args.cycle_time_ms, args.batch_size)
     if protocol != asked:
-        raise RuntimeError(f"{key} in {args.record} ran (steps, evaluation interval, budget, cycle ms, batch) "
-                           f"{protocol}; this run asks for {asked}: use the same, or another --record")
+        raise RuntimeError(f"{key} in {args.record} ran (steps, cycle ms, batch) {protocol}; this run asks for "
+                           f"{asked}: use the same, or another --record")
     todo = [m for m in args.methods if m not in cell["runs"]]
     if not todo:
         print(f"[tta] {key}: every method is in the record already", flush=True)
@@ -125,14 +138,16 @@ def run_cell(args: argparse.Namespace, record: dict, workload: str, link_text: s
             topology.shape(link)
             cell["probed_mbit_per_s"] = probe_links(topology, processes, seconds=1.0)["mbit_per_s"]
             cell["where"] = f"emulated {link_text} per worker (probed {cell['probed_mbit_per_s']:.0f} Mbit/s)"
-        cell["bound"] = concurrent_bound(args, workload, workers, processes, workdir)
+        framework = "tensorflow" if all(is_tensorflow(m) for m in todo) else "torch"
+        cell["bound"] = concurrent_bound(args, workload, workers, processes, workdir, framework)
         cell["load"] = os.getloadavg()
         print(f"[tta] {key}: {cell['where']}; concurrent bound {cell['bound']['samples_per_s']:.1f} samples/s",
               flush=True)
         for method in todo:
             print(f"[tta] {key}: {method}, {args.steps} steps", flush=True)
             cell["runs"][method] = dict(run_method(args, topology, processes, workload, method, workdir),
-                                        load=os.getloadavg(), bound=cell["bound"])  # a later part re-measures
+                                        load=os.getloadavg(), bound=cell["bound"],  # a later part re-measures
+                                        eval_every=args.eval_every, budget_s=args.budget_s)
             run = cell["runs"][method]
             print(f"[tta] {key}: {method}: {run['metric']} {run['curve'][-1][2]:.4f} after {run['train_s']:.0f} s "
                   f"of training", flush=True)

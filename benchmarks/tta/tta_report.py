@@ -57,7 +57,7 @@ def at_budget(curve: list[list[float]], budget_s: float) -> float | None:
     return within[-1] if within else None
 
 
-REFERENCES = ("fp16", "ddp-fp16", "dense", "ddp")  # the first of these in a cell sets its first target
+REFERENCES = ("fp16", "ddp-fp16", "tf-fp16", "dense", "ddp", "tf-dense")  # the first in a cell sets its target
 
 
 def completed(run: dict, cell: dict) -> bool:
@@ -188,10 +188,11 @@ def verdict(rows: dict) -> dict:
     result = {"pactrain": ours[1], "pactrain_s": ours[0], "peer": peer[1], "peer_s": peer[0]}
     if ours[0] is not None and peer[0] is not None:
         result["speedup_over_best_peer"] = peer[0] / ours[0]
-    fp16 = rows.get("fp16", {}).get("time_to_target")
+    fp16_row = rows.get("fp16") or rows.get("tf-fp16") or {}  # torch's, else TensorFlow's
+    fp16 = fp16_row.get("time_to_target")
     if fp16 is not None and ours[0] is not None:
         result["speedup_over_fp16"] = fp16 / ours[0]
-    fp16_at_least = rows.get("fp16", {}).get("time_to_target_at_least")
+    fp16_at_least = fp16_row.get("time_to_target_at_least")
     if fp16 is None and fp16_at_least is not None and ours[0] is not None:
         result["speedup_over_fp16_at_least"] = fp16_at_least / ours[0]
     return result
@@ -233,6 +234,9 @@ def cell_markdown(key: str, cell: dict, summary: dict) -> str:
              f"| method | final {metric} | to target | to lower target | at budget | steps | training s | samples/s | "
              "x bound | x bound, last third | NIC MB/worker |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for method, row in summary["rows"].items():
+        run = cell["runs"][method]  # a part of the cell may evaluate more often, or stop at a budget
+        if "eval_every" in run and (run["eval_every"], run["budget_s"]) != (cell["eval_every"], cell.get("budget_s", 0.0)):
+            method += f" (evaluation every {run['eval_every']}, budget {run['budget_s']:.0f} s)"
         budget = "n/a" if row["at_budget"] is None else f"{row['at_budget']:.4f}"
         x_bound = "n/a" if row["x_bound"] is None else f"{row['x_bound']:.2f}"
         late = "n/a" if row["x_bound_late"] is None else f"{row['x_bound_late']:.2f}"
@@ -248,7 +252,9 @@ def cell_markdown(key: str, cell: dict, summary: dict) -> str:
                          f", at least {v['speedup_over_fp16_at_least']:.2f}x sooner than fp16 (stopped by the budget)."
                          if "speedup_over_fp16_at_least" in v else ".")]
     else:
-        lines += ["", f"No comparison on the target: PacTrain best {v['pactrain']}, best peer {v['peer']}."]
+        lines += ["", f"No comparison on the target: PacTrain best {v['pactrain']}, best peer {v['peer']}."
+                      + (f" PacTrain's best reaches it in {v['pactrain_s']:.0f} s, at least {v['speedup_over_fp16_at_least']:.1f}x "
+                         "sooner than fp16 (stopped by the budget)." if "speedup_over_fp16_at_least" in v else "")]
     return "\n".join(lines)
 
 

@@ -21,7 +21,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -42,6 +41,7 @@ from benchmarks.common.methods import parse_method
 from benchmarks.common.nic import nic_counters
 from benchmarks.common.timing import PhaseClock
 from benchmarks.throughput.worker import make_distributed_optimizer, train_step
+from benchmarks.tta.worker_arguments import parse_args
 from example_support.data import (
     CharVocab,
     load_bible_text,
@@ -166,7 +166,7 @@ def broadcast_unless_identical(model: torch.nn.Module) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv, doc=__doc__)
     torch.set_num_threads(args.threads)
     if not args.compute_only:
         hvd.init()
@@ -235,29 +235,6 @@ def main(argv: list[str] | None = None) -> int:
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.tta.tta_worker", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=("image", "language"), required=True)
-    parser.add_argument("--method", default="dense")
-    parser.add_argument("--steps", type=int, required=True, help="optimizer steps (the schedules follow them)")
-    parser.add_argument("--eval-every", type=int, default=50)
-    parser.add_argument("--eval-samples", type=int, default=10000, help="image: test images per evaluation")
-    parser.add_argument("--eval-batches", type=int, default=20, help="language: validation batches per worker")
-    parser.add_argument("--batch-size", type=int, default=None, help="per worker (image 64, language 16)")
-    parser.add_argument("--budget-s", type=float, default=0.0,
-                        help="stop at the first evaluation after this many training seconds (0: run every step)")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--compute-only", action="store_true", help="no Horovod: the compute bound")
-    parser.add_argument("--device", default=os.environ.get("HOROVOD_GLOO_IFACE", ""), help="NIC to count")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    if args.steps < 1 or args.eval_every < 1:
-        parser.error("--steps and --eval-every must be >= 1")
-    return args
 
 
 if __name__ == "__main__":

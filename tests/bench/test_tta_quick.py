@@ -50,3 +50,27 @@ def test_quick_time_to_accuracy(tmp_path):
     assert gradual[0] > first["handed_bytes"][0]
     report = (tmp_path / "results.md").read_text()
     assert "| pactrain-0.9-fp16 |" in report and (tmp_path / "image-100mbit-2w.png").is_file()
+
+
+def test_one_command_mixes_torch_and_tensorflow_methods(tmp_path):
+    """``tf-`` methods go to the TensorFlow worker (same flags, same record), beside torch's."""
+    record_path = tmp_path / "record.json"
+    run = subprocess.run([sys.executable, "-m", "benchmarks", "tta", "--workloads", "image", "--links", "100mbit",
+                          "--workers", "2", "--steps", "4", "--eval-every", "2", "--eval-samples", "1000",
+                          "--methods", "fp16", "tf-fp16", "tf-pactrain-0.95-ternary-w0-0", "--record", str(record_path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    cell = json.loads(record_path.read_text())["cells"]["image/100mbit/2w"]
+    runs = cell["runs"]
+    assert cell["bound"]["framework"] == "torch"  # a mixed part: torch's bound
+    for method, result in runs.items():
+        assert [point[1] for point in result["curve"]] == [2, 4], method
+        assert all(0.0 <= point[2] <= 1.0 for point in result["curve"]), method
+        assert result["parameters"] == 4_337_322 and result["size"] == 2 and result["batch_size"] == 64
+        assert result.get("framework", "torch") == ("tensorflow" if method.startswith("tf-") else "torch")
+    nic_mb = {method: sum(r["nic_tx_bytes"]) / 2 / 1e6 for method, r in runs.items()}
+    assert nic_mb["tf-fp16"] == pytest.approx(nic_mb["fp16"], rel=0.25), nic_mb  # the same fp16 ring, 4 steps
+    sparse = runs["tf-pactrain-0.95-ternary-w0-0"]  # sparse from the first step, as torch's
+    assert sparse["sparsity"] == pytest.approx(0.95, abs=0.01) and len(set(sparse["handed_bytes"])) == 1
+    assert sparse["handed_bytes"][0] < 0.2 * GRADIENT_MB * 1e6 / 2 and nic_mb["tf-pactrain-0.95-ternary-w0-0"] < nic_mb["tf-fp16"]
+    assert "| tf-pactrain-0.95-ternary-w0-0 |" in (tmp_path / "results.md").read_text()

@@ -16,7 +16,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 HOROVODRUN = Path(sys.executable).with_name("horovodrun")
-SCRIPTS = ["tape_loop.py", "keras_fit.py", "keras_synthetic_benchmark.py"]
+SCRIPTS = ["tape_loop.py", "keras_fit.py", "keras_synthetic_benchmark.py", "keras_elastic.py"]
 TIMEOUT_S = int(os.environ.get("PACTRAIN_COMPAT_TIMEOUT", "300"))
 
 

@@ -71,3 +71,36 @@ def test_horovods_keras_state_fails_under_keras3():
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
     with pytest.raises(TypeError, match="not callable"):
         hvd.elastic.KerasState(model, keras.optimizers.SGD(0.1))
+
+
+@pytest.mark.parametrize("api", [keras, tf_keras], ids=["keras3", "tf-keras2"])
+def test_an_unbuilt_model_needs_our_optimizer_and_a_rollback_before_the_first_batch_keeps_the_weights(api):
+    """A ``Sequential`` without ``Input``: Horovod's state refuses it; ours takes it with ``ptk.DistributedOptimizer``
+    (the first reduction broadcasts); a commit made before the weights existed restores nothing of them."""
+    model = api.Sequential([api.layers.Dense(80), api.layers.Dense(3)])
+    with pytest.raises(ValueError, match="built first"):
+        ptk.elastic.KerasState(model, api.optimizers.SGD(0.1))
+    opt = ptk.DistributedOptimizer(api.optimizers.SGD(0.1), sparsity=0.8, begin_step=0, end_step=0, pack_min_numel=0)
+    state = ptk.elastic.KerasState(model, opt, epoch=0)
+    state.sync()  # before the first batch: nothing to broadcast yet
+    assert not model.built
+    x, y = tf.ones((4, 6)), tf.zeros((4, 3))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x, training=True) - y) ** 2)
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+    step()
+    weights = [np.array(v) for v in model.variables]
+    assert opt.step_count == 1 and opt.masks()
+    state.restore()  # the last commit predates the weights
+    for now, then in zip(model.variables, weights):
+        np.testing.assert_array_equal(np.array(now), then)
+    state.commit()
+    step()
+    state.restore()
+    for now, then in zip(model.variables, weights):
+        np.testing.assert_array_equal(np.array(now), then)
+    assert opt.step_count == 1

@@ -114,3 +114,20 @@ def test_a_loopback_reference_of_the_same_global_batch_serves_another_number_of_
     adopt_reference(part, reference, "reference/record.json")
     assert part["cells"]["image/2mbit/8w"]["reference"]["final"] == 0.90  # 8 x 16 = 2 x 64 images a step
     assert "reference" not in part["cells"]["image/2mbit/4w"]  # 4 x 64: another recipe
+
+
+def test_a_tensorflow_cell_takes_tf_fp16_as_its_reference_and_names_a_part_that_evaluated_more_often():
+    part = {"cells": {"image/5mbit/2w": dict(cell({
+        "tf-pactrain-0.98-ternary-w0-0": run([[10, 2, 0.84, 0], [20, 4, 0.885, 0]]),
+        "tf-fp16": dict(run([[300, 1, 0.70, 0]], steps=1), step_s=[150.0], eval_every=1, budget_s=240.0)}),
+        workload="image", workers=2, bound={"samples_per_s": 100.0, "step_s": 1.0})}}
+    loopback = {"cells": {"image/5mbit/2w": dict(cell({"tf-fp16": run([[4, 2, 0.85, 0], [8, 4, 0.89, 0]])}),
+                                                 workload="image", workers=2, where="loopback, unshaped (asked)")}}
+    adopt_reference(part, loopback, "ref/record.json")
+    summary = summarize(part["cells"]["image/5mbit/2w"])
+    assert summary["target_source"] == "tf-fp16's final in ref/record.json"
+    assert summary["rows"]["tf-fp16"]["time_to_target_at_least"] == 4 * 150.0
+    assert summary["verdict"]["speedup_over_fp16_at_least"] == 30.0
+    text = cell_markdown("image/5mbit/2w", part["cells"]["image/5mbit/2w"], summary)
+    assert "| tf-fp16 (evaluation every 1, budget 240 s) | 0.7000 | >= 600 s" in text
+    assert "reaches it in 20 s, at least 30.0x sooner than fp16 (stopped by the budget)" in text

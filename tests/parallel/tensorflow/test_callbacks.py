@@ -111,3 +111,34 @@ def test_a_learning_rate_schedule_is_refused_before_the_first_step():
     optimizer = ptk.DistributedOptimizer(keras.optimizers.SGD(schedule), sparsity=0.0)
     with pytest.raises(ValueError, match="learning rate is a schedule"):
         train([ptk.callbacks.LearningRateWarmupCallback(0.1)], 1, optimizer)
+
+
+def test_best_model_checkpoint_saves_improvements_on_rank_0_only(tmp_path):
+    """Horovod's ``BestModelCheckpoint``: each rank is given its own folder; only rank 0's gets files, one per
+    epoch that improved the (averaged) loss, and the last holds the weights of the epoch that wrote it."""
+    template = str(tmp_path / "best-{epoch}.weights.h5")
+    checkpoint = ptk.callbacks.BestModelCheckpoint(monitor="loss", save_weights_only=True, mode="min", filepath=template)
+    model, _, history = train([ptk.callbacks.MetricAverageCallback(), checkpoint], 3)
+    fresh = make_model()  # on every rank: Keras numbers the layers it names per process, and later tests compare
+    saved = sorted(path.name for path in tmp_path.iterdir())
+    if hvd.rank() != 0:
+        assert saved == []
+        return
+    losses = history.history["loss"]
+    improved = [epoch + 1 for epoch, loss in enumerate(losses) if all(loss < before for before in losses[:epoch])]
+    assert saved == sorted(f"best-{epoch}.weights.h5" for epoch in improved) and improved[0] == 1
+    if improved[-1] == len(losses):  # the last epoch was the best: the file holds the final weights
+        fresh.load_weights(str(tmp_path / saved[-1]))
+        for loaded, trained in zip(fresh.weights, model.weights):
+            np.testing.assert_array_equal(np.asarray(loaded), np.asarray(trained))
+
+
+def test_best_model_checkpoint_without_a_path_says_so_when_it_would_save():
+    checkpoint = ptk.callbacks.BestModelCheckpoint(monitor="loss")  # Horovod's call: Spark sets the path later
+    assert checkpoint.filepath is None and checkpoint.save_best_only
+    checkpoint.set_model(make_model())
+    if hvd.rank() == 0:  # the others never save
+        with pytest.raises(ValueError, match="no filepath"):
+            checkpoint._save_model(0, None, {"loss": 1.0})
+    else:
+        checkpoint._save_model(0, None, {"loss": 1.0})

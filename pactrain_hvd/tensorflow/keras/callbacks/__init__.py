@@ -1,7 +1,8 @@
 """Horovod's Keras callbacks, working under Keras 3 and tf-keras 2 (``TF_USE_LEGACY_KERAS=1``).
 
 Same names and arguments as ``horovod.tensorflow.keras.callbacks``: ``BroadcastGlobalVariablesCallback``,
-``MetricAverageCallback``, ``LearningRateScheduleCallback``, ``LearningRateWarmupCallback``. A script
+``MetricAverageCallback``, ``LearningRateScheduleCallback``, ``LearningRateWarmupCallback``,
+``BestModelCheckpoint`` (which also takes ``filepath=``: Horovod's leaves it to its Spark estimator). A script
 written for Horovod's switches by prefix (``hvd.callbacks.X`` -> ``ptk.callbacks.X``). Horovod 0.28's own
 fail on today's Keras: they take ``get_value`` / ``set_value`` from ``import keras``, which is Keras 3 even
 when the model is tf-keras 2's, and Keras 3's backend has neither; they read ``optimizer.lr`` and call
@@ -20,11 +21,12 @@ first trace, be kept for the whole run. Those are left alone, with a warning.
 """
 
 from pactrain_hvd.tensorflow.keras.callbacks.broadcast import BroadcastGlobalVariablesCallback
+from pactrain_hvd.tensorflow.keras.callbacks.checkpoint import BestModelCheckpoint
 from pactrain_hvd.tensorflow.keras.callbacks.learning_rate import (
            LearningRateScheduleCallback,
            LearningRateWarmupCallback,
 )
 from pactrain_hvd.tensorflow.keras.callbacks.metrics import MetricAverageCallback
 
-__all__ = ["BroadcastGlobalVariablesCallback", "LearningRateScheduleCallback", "LearningRateWarmupCallback",
+__all__ = ["BestModelCheckpoint", "BroadcastGlobalVariablesCallback", "LearningRateScheduleCallback", "LearningRateWarmupCallback",
            "MetricAverageCallback"]
