@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -17,3 +18,10 @@ def counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, in
 
 def tx_bytes(device: str) -> int:
     return int((Path("/sys/class/net") / device / "statistics" / "tx_bytes").read_text())
+
+
+def tx_counter(device: str) -> Callable[[], int]:
+    """Reads ``device``'s transmitted bytes; reads 0 where this namespace has no such device (a loopback run)."""
+    if device and (Path("/sys/class/net") / device).exists():
+        return lambda: tx_bytes(device)
+    return lambda: 0

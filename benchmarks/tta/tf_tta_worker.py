@@ -38,7 +38,7 @@ from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 import pactrain_hvd.tensorflow as pt  # noqa: E402
 from benchmarks.common.examples import example  # noqa: E402
 from benchmarks.common.methods import MethodSpec, parse_method, pruning_schedule  # noqa: E402
-from benchmarks.common.nic import nic_counters  # noqa: E402
+from benchmarks.common.nic import tx_counter  # noqa: E402
 from benchmarks.throughput.tf_worker import compression_of  # noqa: E402
 from benchmarks.tta.worker_arguments import parse_args  # noqa: E402
 from example_support.data import load_fashion_mnist  # noqa: E402
@@ -141,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     train_step.get_concrete_function()
     eval_step.get_concrete_function()
     trace_s = time.perf_counter() - traced
-    tx = (lambda: nic_counters(args.device)["tx_bytes"]) if args.device and Path("/sys/class/net", args.device).exists() \
-        else (lambda: 0)
+    tx = tx_counter(args.device)
     tx_start, train_s, curve, step_s, losses, handed, packed = tx(), 0.0, [], [], [], [], []
     for step in range(1, args.steps + 1):
         x, y = batches.next()

@@ -38,7 +38,7 @@ from torch.utils.data.distributed import DistributedSampler
 from benchmarks.common import ddp_methods
 from benchmarks.common.examples import example
 from benchmarks.common.methods import parse_method
-from benchmarks.common.nic import nic_counters
+from benchmarks.common.nic import tx_counter
 from benchmarks.common.timing import PhaseClock
 from benchmarks.throughput.worker import make_distributed_optimizer, train_step
 from benchmarks.tta.worker_arguments import parse_args
@@ -189,8 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         local_s = train_alike(workload, optimizer, spec.local_steps) if spec.local_steps else 0.0
         trainer = reporter = make_distributed_optimizer(spec, optimizer, model, clock, total_steps=args.steps)
         broadcast = broadcast_unless_identical(model)
-    device = args.device if args.device and Path("/sys/class/net", args.device).exists() else ""
-    tx = (lambda: nic_counters(device)["tx_bytes"]) if device else (lambda: 0)
+    tx = tx_counter(args.device)
     tx_start, train_s, curve, step_s, losses = tx(), local_s, [], [], []
     handed, packed = [], []  # per step, PacTrain only
     phases: dict[str, list[float]] = {name: [] for name in ("compute", "compress", "comm_wait", "update")}  # per step
