@@ -101,6 +101,15 @@ def image(batch_size: int, eval_samples: int, rank: int, size: int) -> Workload:
                     global_batch=lambda: fashion.to_device(*next(same_everywhere), torch.device("cpu")))
 
 
+def language_model(vocabulary: int | None = None) -> torch.nn.Module:
+    """The language workload's char-GPT (5.0 M parameters); with no argument sized to the text's vocabulary,
+    as ``python -m pactrain_hvd.planner --model benchmarks/tta/tta_worker.py:language_model`` builds it."""
+    if vocabulary is None:
+        vocabulary = CharVocab.from_text(load_bible_text()).size
+    return example("pytorch_char_lm").CharGPT(vocabulary, GPT_SIZE["block_size"], GPT_SIZE["embed_dim"],
+                                              GPT_SIZE["layers"], GPT_SIZE["heads"])
+
+
 def language(batch_size: int, eval_batches: int, rank: int, size: int, seed: int) -> Workload:
     lm = example("pytorch_char_lm")
     text = load_bible_text()
@@ -108,7 +117,7 @@ def language(batch_size: int, eval_batches: int, rank: int, size: int, seed: int
     train_ids, val_ids = split_tokens(vocab.encode(text), val_fraction=0.1)
     rng = np.random.default_rng([seed, rank])
     block = GPT_SIZE["block_size"]
-    model = lm.CharGPT(vocab.size, block, GPT_SIZE["embed_dim"], GPT_SIZE["layers"], GPT_SIZE["heads"])
+    model = language_model(vocab.size)
 
     def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
         inputs, targets = random_windows(train_ids, batch_size, block, rng)

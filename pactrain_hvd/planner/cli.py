@@ -29,6 +29,10 @@ from pactrain_hvd.planner.step_time import Costs, predict
 UNITS = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
+def parameter_count(count: int) -> str:
+    return f"{count / 1e6:.2f} M parameters" if count >= 10_000 else f"{count:,} parameters"
+
+
 def link_bits_per_s(text: str) -> float:
     """``"10gbit"``, ``"100mbit"``, ``"1.5Gbps"``, ``"100 Mbit/s"`` -> bits per second."""
     match = re.fullmatch(r"\s*(\d*\.?\d+)\s*([kmgt])\s*(?:bit|b|bps|bit/s)?(?:/s)?\s*", str(text).lower())
@@ -115,7 +119,7 @@ def run(argv: list[str] | None = None) -> dict:
         raise ValueError("--methods is empty")
     model = build_model(args.model, "cpu" if args.profile else "meta")
     tensors = model_tensors(model)
-    assumed = [f"model {args.model}: {len(tensors)} trainable tensors, {sum(t.numel for t in tensors) / 1e6:.2f} M parameters",
+    assumed = [f"model {args.model}: {len(tensors)} trainable tensors, {parameter_count(sum(t.numel for t in tensors))}",
                f"link {args.link} = {link.bytes_per_s * 8 / 1e9:g} Gbit/s each way per worker (the goodput, not the "
                f"nominal rate), {args.latency_ms:g} ms per message hop, ring collectives",
                f"Horovod cycle {args.cycle_ms:g} ms (HOROVOD_CYCLE_TIME), fusion buffer 128 MB; traffic beyond the "

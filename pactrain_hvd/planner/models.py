@@ -31,6 +31,9 @@ def _load_callable(spec: str):
         if not path.is_file():
             raise ValueError(f"--model {spec!r}: no such file {where}")
         name = f"_pactrain_plan_{path.stem}"
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:  # as ``python file.py`` does: the file's own imports resolve beside it
+            sys.path.insert(0, folder)
         module_spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[name] = module

@@ -38,6 +38,15 @@ def test_resnet50_sized_user_module_in_seconds(capsys, tmp_path):
     assert plan["choice"] != "dense"
 
 
+def test_a_model_file_imports_its_neighbours(capsys, tmp_path):
+    """A FILE.py model resolves its own imports beside it, as ``python FILE.py`` would."""
+    (tmp_path / "neighbour_layers.py").write_text("import torch\nWIDTH = 24\n")
+    (tmp_path / "net.py").write_text("import torch\nfrom neighbour_layers import WIDTH\n"
+                                     "def make():\n    return torch.nn.Linear(WIDTH, 10)\n")
+    assert main(["--model", f"{tmp_path / 'net.py'}:make", "--workers", "2", "--link", "1gbit", "--step-time", "0.1"]) == 0
+    assert "2 trainable tensors, 250 parameters" in capsys.readouterr().out
+
+
 def test_compute_bound_cluster_keeps_the_dense_reduction(capsys):
     assert main(["--model", f"{FIXTURE}:tiny", "--workers", "4", "--link", "100gbit", "--step-time", "0.1"]) == 0
     assert "Recommendation: dense: compute-bound" in capsys.readouterr().out
