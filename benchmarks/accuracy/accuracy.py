@@ -91,6 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lm-max-steps", type=int, default=None, help="cap on language-model steps")
     parser.add_argument("--lm-val-batches", type=int, default=20, help="language-model validation batches per worker")
     parser.add_argument("--fp16", action="store_true", help="fp16 values on the wire in every run")
+    parser.add_argument("--dense-from", type=Path, default=None, metavar="RESULTS_JSON",
+                        help="another report's results.json (same protocol) whose dense runs of this report's seeds "
+                             "set the *vs dense* column where this report has none of its own")
     parser.add_argument("--values", nargs="+", choices=("fp32", "fp16", "ternary"), default=["fp32"],
                         help="PacTrain packed-value encodings to compare (the examples' --packed-values; fp32: inherit)")
     parser.add_argument("--rankings", nargs="+", choices=RANKINGS, default=[DEFAULT_RANKING],
@@ -244,9 +247,10 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def markdown_table(runs: list[dict], task: Task) -> str:
+def markdown_table(runs: list[dict], task: Task, borrowed_dense: list[dict] = ()) -> str:
     groups = grouped(runs, task)
-    dense = groups.get(DENSE)
+    seeds = {r["seed"] for g in groups.values() for r in g}
+    dense = groups.get(DENSE) or [r for r in grouped(list(borrowed_dense), task).get(DENSE, []) if r["seed"] in seeds]
     dense_metric = mean([r[task.metric] for r in dense]) if dense else None
     parameters = next((r["parameters"] for g in groups.values() for r in g if "parameters" in r), None)
     lines = [f"### {task.label}", "", f"{parameters:,} parameters." if parameters else "", "",
@@ -289,9 +293,11 @@ def write_markdown(path: Path, runs: list[dict], settings: dict) -> None:
         "(`total_steps=`, the default window) unless the *window* column says otherwise.", "",
         "*sent MB/run*: bytes each worker handed to the all-reduce over the run; *kB/step, final masks*: the same "
         "per step in the last epoch; *dense kB/step*: a dense all-reduce of every gradient; *train s*: the "
-        "example's training-loop time.", "",
+        "example's training-loop time."
+        + (f" *vs dense*: against the dense runs of the same seeds in `{settings['dense_from']}`." if settings.get("dense_from") else ""), "",
     ]
-    tables = [markdown_table(runs, TASKS[name]) for name in settings["tasks"]]
+    borrowed = dense_runs(REPO_ROOT / settings["dense_from"], settings) if settings.get("dense_from") else []
+    tables = [markdown_table(runs, TASKS[name], borrowed) for name in settings["tasks"]]
     path.write_text("\n".join(header) + "\n" + "\n\n".join(tables) + "\n")
 
 
@@ -327,15 +333,26 @@ def write_plot(path: Path, runs: list[dict], task_names: list[str]) -> None:
 PROTOCOL = ("np", "epochs", "lm_epochs", "max_steps", "lm_max_steps", "lm_val_batches", "fp16")
 
 
-def previous_runs(path: Path, protocol: dict) -> dict[str, dict]:
-    """Finished runs of an earlier invocation into the same folder, by name: a report grows in parts."""
-    if not path.is_file():
-        return {}
+def finished_runs(path: Path, protocol: dict, remedy: str) -> list[dict]:
+    """The finished runs of the report at ``path``, which must share this run's protocol."""
     record = json.loads(path.read_text())
     theirs = {key: record["settings"].get(key) for key in PROTOCOL}
     if theirs != protocol:
-        sys.exit(f"accuracy: {path} was made with {theirs}, this run asks for {protocol}: use another --out")
-    return {run["name"]: run for run in record["runs"] if "name" in run and "error" not in run}
+        sys.exit(f"accuracy: {path} was made with {theirs}, this run asks for {protocol}: {remedy}")
+    return [run for run in record["runs"] if "name" in run and "error" not in run]
+
+
+def previous_runs(path: Path, protocol: dict) -> dict[str, dict]:
+    """Finished runs of an earlier invocation into the same folder, by name: a report grows in parts."""
+    return {run["name"]: run for run in finished_runs(path, protocol, "use another --out")} if path.is_file() else {}
+
+
+def dense_runs(path: Path, settings: dict) -> list[dict]:
+    """``--dense-from``'s dense runs: the baseline of a report that adds settings without rerunning it."""
+    if not path.is_file():
+        sys.exit(f"accuracy: --dense-from {path}: no such file")
+    runs = finished_runs(path, {key: settings[key] for key in PROTOCOL}, "--dense-from needs a report of the same protocol")
+    return [run for run in runs if settings_of(run)[1:] == DENSE]
 
 
 def save(out: Path, settings: dict, runs: dict[str, dict]) -> None:
@@ -354,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = previous_runs(out / "results.json", protocol)
     settings = dict(protocol, tasks=sorted({r["task"] for r in runs.values()} | set(args.tasks)),
                     load_before=os.getloadavg())
+    if args.dense_from:
+        dense_runs(args.dense_from, settings)  # a wrong file fails before any run
+        settings["dense_from"] = os.path.relpath(args.dense_from.resolve(), REPO_ROOT)
     for run in planned_runs(args):
         if run.name in runs:
             print(f"[accuracy] {run.name}: kept from {out / 'results.json'}", flush=True)

@@ -106,3 +106,18 @@ def test_tensorflow_image_rows_run_the_tf_example_with_the_image_recipe_and_comp
     table = accuracy.markdown_table([torch_dense, *tf_runs], accuracy.TASKS["image-tf"])
     assert "TensorFlow tape loop" in table
     assert "| 0.9 | layer | fp16 | 0.1-0.6 | 10 | cosine | 0.900 | 0.9170 | 0.9170 | -0.30 pp |" in table
+
+
+def test_dense_from_another_report_sets_vs_dense_with_the_same_seeds_only(tmp_path):
+    settings = {key: None for key in accuracy.PROTOCOL}
+    baseline = tmp_path / "results.json"
+    dense = [made_up(0.0, 1, 0.92), made_up(0.0, 2, 0.93), made_up(0.0, 3, 0.50)]
+    baseline.write_text(accuracy.json.dumps({"settings": settings, "runs": [dict(r, name=f"d{r['seed']}") for r in dense]}))
+    borrowed = accuracy.dense_runs(baseline, settings)
+    assert [r["seed"] for r in borrowed] == [1, 2, 3]
+    table = accuracy.markdown_table([made_up(0.98, 1, 0.911), made_up(0.98, 2, 0.91)], accuracy.TASKS["image"], borrowed)
+    assert "| 0.9105 | 0.9110, 0.9100 | -1.45 pp |" in table  # against seeds 1 and 2 (0.925), not seed 3
+    with pytest.raises(SystemExit, match="same protocol"):
+        accuracy.dense_runs(baseline, dict(settings, epochs=5))
+    with pytest.raises(SystemExit, match="no such file"):
+        accuracy.dense_runs(tmp_path / "missing.json", settings)
