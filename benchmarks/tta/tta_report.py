@@ -215,6 +215,15 @@ def bounds(cell: dict) -> str:
     return " / ".join(f"{value:.1f}" for value in measured) + (" (per part)" if len(measured) > 1 else "")
 
 
+def loads(cell: dict) -> str:
+    """The machine's 1-minute load as each run ended (a cell that ran in parts met different loads); a record
+    older than per-run loads has the load at its start only."""
+    ended = [run["load"][0] for run in cell["runs"].values() if run.get("load")]
+    if not ended:
+        return "load " + " ".join(f"{x:.1f}" for x in cell.get("load", []))
+    return f"load as each run ended {min(ended):.1f}" + (f"-{max(ended):.1f}" if max(ended) - min(ended) >= 0.05 else "")
+
+
 def horovod_settings(cell: dict) -> str:
     """The per-worker batch its runs took and the cell's HOROVOD_CYCLE_TIME (cells recorded before the cycle
     time was a setting ran at Horovod's default, 1 ms)."""
@@ -228,8 +237,7 @@ def cell_markdown(key: str, cell: dict, summary: dict) -> str:
     lines = [f"### {key}: {cell.get('where', '')}", "",
              f"{cell['steps']} steps per method{capped(cell)}, evaluation every {cell['eval_every']} (excluded from "
              f"the clock); {horovod_settings(cell)}; "
-             f"concurrent compute bound {bounds(cell)} samples/s; load "
-             f"{' '.join(f'{x:.1f}' for x in cell.get('load', []))}. Target {summary['target']:.4f} "
+             f"concurrent compute bound {bounds(cell)} samples/s; {loads(cell)}. Target {summary['target']:.4f} "
              f"({summary['target_source']}, loosened), lower target {summary['lower_target']:.4f}; budget {summary['budget_s']:.0f} s.", "",
              f"| method | final {metric} | to target | to lower target | at budget | steps | training s | samples/s | "
              "x bound | x bound, last third | NIC MB/worker |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]

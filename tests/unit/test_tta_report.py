@@ -103,6 +103,15 @@ def test_the_header_names_the_batch_and_cycle_time_a_cell_ran_with():
     assert "per-worker batch 16, HOROVOD_CYCLE_TIME 20 ms;" in cell_markdown("image/2mbit/8w", newer, summarize(newer))
 
 
+def test_the_header_gives_the_load_each_run_met_not_only_the_last_parts():
+    curve = [[20, 2, 0.80, 0], [40, 4, 0.90, 0]]
+    parts = dict(cell({"fp16": dict(run(curve), load=[5.1, 5.0, 4.0]), "topk": dict(run(curve), load=[1.1, 2.0, 3.0])}),
+                 load=[0.5, 0.4, 0.3])
+    assert "; load as each run ended 1.1-5.1. Target" in cell_markdown("image/5mbit/2w", parts, summarize(parts))
+    older = dict(cell({"fp16": run(curve)}), load=[0.5, 0.4, 0.3])
+    assert "; load 0.5 0.4 0.3. Target" in cell_markdown("image/5mbit/2w", older, summarize(older))
+
+
 def test_a_loopback_reference_of_the_same_global_batch_serves_another_number_of_workers():
     reference = {"cells": {"image/10mbit/2w": dict(cell({"fp16": run([[40, 4, 0.90, 0]])}), workload="image",
                                                    workers=2, where="loopback, unshaped (True)")}}
