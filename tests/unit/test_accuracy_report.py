@@ -1,5 +1,6 @@
 """The accuracy report's plan and table (benchmarks/accuracy/accuracy.py), on made-up run results."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -112,7 +113,7 @@ def test_dense_from_another_report_sets_vs_dense_with_the_same_seeds_only(tmp_pa
     settings = {key: None for key in accuracy.PROTOCOL}
     baseline = tmp_path / "results.json"
     dense = [made_up(0.0, 1, 0.92), made_up(0.0, 2, 0.93), made_up(0.0, 3, 0.50)]
-    baseline.write_text(accuracy.json.dumps({"settings": settings, "runs": [dict(r, name=f"d{r['seed']}") for r in dense]}))
+    baseline.write_text(json.dumps({"settings": settings, "runs": [dict(r, name=f"d{r['seed']}") for r in dense]}))
     borrowed = accuracy.dense_runs(baseline, settings)
     assert [r["seed"] for r in borrowed] == [1, 2, 3]
     table = accuracy.markdown_table([made_up(0.98, 1, 0.911), made_up(0.98, 2, 0.91)], accuracy.TASKS["image"], borrowed)
