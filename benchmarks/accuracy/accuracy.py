@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -247,7 +248,7 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def markdown_table(runs: list[dict], task: Task, borrowed_dense: list[dict] = ()) -> str:
+def markdown_table(runs: list[dict], task: Task, borrowed_dense: Sequence[dict] = ()) -> str:
     groups = grouped(runs, task)
     seeds = {r["seed"] for g in groups.values() for r in g}
     dense = groups.get(DENSE) or [r for r in grouped(list(borrowed_dense), task).get(DENSE, []) if r["seed"] in seeds]
