@@ -100,14 +100,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rankings", nargs="+", choices=RANKINGS, default=[DEFAULT_RANKING],
                         help="how sparsity is spread over tensors (the examples' --ranking)")
     parser.add_argument("--windows", nargs="+", type=window_argument, default=[DEFAULT_WINDOW],
-                        help="pruning windows BEGIN-END as fractions of the run (the examples' --prune-window)")
+                        help="pruning windows BEGIN-END as fractions of the run (the examples' --prune-window), or "
+                             "rampSTEPS: packed from the first step, re-ranked at every step of a STEPS-step ramp "
+                             "(the examples' --prune-ramp)")
     parser.add_argument("--updates", nargs="+", type=int, default=[RUN_MASK_UPDATES],
                         help="mask updates in the window (the examples' --prune-updates)")
     parser.add_argument("--lr-schedules", nargs="+", choices=("cosine", "cosine-rewind"), default=[DEFAULT_LR_SCHEDULE],
                         help="image learning-rate schedules (the example's --lr-schedule)")
     parser.add_argument("--out", default=str(REPO_ROOT / "reports" / "accuracy"), help="report folder")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds allowed per run")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if any(w.startswith("ramp") for w in args.windows) and args.updates != [RUN_MASK_UPDATES]:
+        parser.error("--updates counts mask updates in a window; a ramp re-ranks at every step: run ramps apart")
+    return args
 
 
 @dataclass(frozen=True)
@@ -124,14 +129,18 @@ class Run:
     @property
     def name(self) -> str:
         variant = "".join(f"-{v}" for v, default in ((self.values, "fp32"), (self.ranking, "layer")) if v != default)
-        variant += f"-w{self.window}" if self.window != DEFAULT_WINDOW else ""
+        variant += "" if self.window == DEFAULT_WINDOW else f"-{self.window}" if self.window.startswith("ramp") else f"-w{self.window}"
         variant += f"-u{self.updates}" if self.updates != RUN_MASK_UPDATES else ""
         variant += f"-{self.lr_schedule}" if self.lr_schedule != DEFAULT_LR_SCHEDULE else ""
         return f"{self.task.name}-s{self.sparsity:g}{variant}-seed{self.seed}"
 
 
 def window_argument(text: str) -> str:
-    """``BEGIN-END`` fractions of the run, normalised (``0.10-0.6`` -> ``0.1-0.6``)."""
+    """``BEGIN-END`` fractions of the run, normalised (``0.10-0.6`` -> ``0.1-0.6``), or ``rampSTEPS``."""
+    if text.startswith("ramp"):
+        if not text[4:].isdigit():
+            raise argparse.ArgumentTypeError(f"a ramp is rampSTEPS, its length in optimizer steps, got {text!r}")
+        return f"ramp{int(text[4:])}"
     try:
         first, last = (float(part) for part in text.split("-"))
     except ValueError:
@@ -157,7 +166,9 @@ def example_args(run: Run, args: argparse.Namespace, result_json: Path) -> list[
              "--seed", str(run.seed), "--result-json", str(result_json), "--logdir="]
     if args.fp16:
         flags.append("--fp16")
-    if run.window != DEFAULT_WINDOW:
+    if run.window.startswith("ramp"):
+        flags += ["--prune-ramp", run.window[4:]]
+    elif run.window != DEFAULT_WINDOW:
         flags += ["--prune-window", *run.window.split("-")]
     if run.updates != RUN_MASK_UPDATES:
         flags += ["--prune-updates", str(run.updates)]
@@ -272,7 +283,7 @@ def markdown_table(runs: list[dict], task: Task, borrowed_dense: Sequence[dict] 
         per_step = [r["final_bytes_per_step"] for r in exact or group if r.get("final_bytes_per_step")]
         dense_per_step = mean([r["dense_bytes"] / r["steps"] for r in group])
         lines.append(
-            f"| {sparsity:g} | {ranking} | {values} | {window} | {updates} | {lr_schedule if task.name.startswith('image') else 'its own'} | {mean([r['sparsity'] for r in group]):.3f} | {metric:.4f} | "
+            f"| {sparsity:g} | {ranking} | {values} | {window} | {'every step' if window.startswith('ramp') else updates} | {lr_schedule if task.name.startswith('image') else 'its own'} | {mean([r['sparsity'] for r in group]):.3f} | {metric:.4f} | "
             + ", ".join(f"{r[task.metric]:.4f}" for r in group) + f" | {delta} | "
             f"{mean([r['sent_bytes'] for r in group]) / 1e6:.0f} | "
             + (f"{mean(per_step) / 1e3:.0f}" if per_step else "n/a")
@@ -291,7 +302,8 @@ def write_markdown(path: Path, runs: list[dict], settings: dict) -> None:
         + f"; language: {settings['lm_epochs']} epoch"
         + (f" (at most {settings['lm_max_steps']} steps)" if settings["lm_max_steps"] else "")
         + f", the example's recipe (AdamW beta2 0.99, warm-up over 5 % then cosine, clipping at norm 1); `--fp16`: {settings['fp16']}. Pruning runs from 10 % to 60 % of the steps "
-        "(`total_steps=`, the default window) unless the *window* column says otherwise.", "",
+        "(`total_steps=`, the default window) unless the *window* column says otherwise; *rampN*: packed from the first "
+        "step, sparsity 0.5 at step 0 rising to the final at step N, masks re-ranked at every step (`pt.short_ramp`).", "",
         "*sent MB/run*: bytes each worker handed to the all-reduce over the run; *kB/step, final masks*: the same "
         "per step in the last epoch; *dense kB/step*: a dense all-reduce of every gradient; *train s*: the "
         "example's training-loop time."

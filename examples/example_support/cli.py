@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from pactrain_hvd.core.masks import DEFAULT_RANKING, RANKINGS
-from pactrain_hvd.core.schedule import schedule_steps
+from pactrain_hvd.core.schedule import schedule_steps, short_ramp
 
 
 def add_pactrain_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,11 +22,20 @@ def add_pactrain_arguments(parser: argparse.ArgumentParser) -> None:
                         help="steps between mask updates (default: ten updates between begin and end)")
     parser.add_argument("--prune-updates", type=int, default=None,
                         help="mask updates between begin and end (instead of --prune-frequency)")
+    parser.add_argument("--prune-ramp", type=int, default=None, metavar="STEPS",
+                        help="packed from the first step: sparsity 0.5 at step 0 rising to --sparsity at step STEPS, "
+                             "masks re-ranked at every step (instead of the other --prune-* flags)")
 
 
 def schedule_arguments(args: argparse.Namespace, total_steps: int) -> dict[str, int | None]:
     """``pt.DistributedOptimizer``'s schedule arguments for a run of ``total_steps`` optimizer steps."""
     begin, end = args.prune_begin, args.prune_end
+    if args.prune_ramp is not None:
+        if any(value is not None for value in (begin, end, args.prune_window, args.prune_frequency, args.prune_updates)):
+            raise SystemExit("--prune-ramp replaces the other --prune-* flags: give it alone")
+        if args.prune_ramp < 0:
+            raise SystemExit(f"--prune-ramp must be >= 0 steps, got {args.prune_ramp}")
+        return {"schedule": short_ramp(args.sparsity, args.prune_ramp)}
     if args.prune_window is not None:
         if begin is not None or end is not None:
             raise SystemExit("--prune-window replaces --prune-begin and --prune-end: give one or the other")

@@ -33,6 +33,20 @@ def test_a_window_other_than_the_default_is_a_variant_with_its_own_flag_and_row(
     assert "| 0.9 | layer | fp32 | 0-0.3 | 10 | cosine | 0.900 | 0.9100 | 0.9100 | -1.00 pp |" in table
 
 
+def test_a_ramp_is_a_window_with_the_examples_ramp_flag_and_masks_re_ranked_every_step():
+    args = accuracy.parse_args(["--tasks", "image", "--sparsities", "0.95", "--seeds", "1", "--windows", "ramp0100"])
+    (run,) = accuracy.planned_runs(args)
+    assert run.name == "image-s0.95-erk-ramp100-seed1"
+    flags = accuracy.example_args(run, args, Path("r.json"))
+    assert flags[flags.index("--prune-ramp") + 1] == "100" and "--prune-window" not in flags
+    table = accuracy.markdown_table([made_up(0.0, 1, 0.92), dict(made_up(0.95, 1, 0.91), window="ramp100")],
+                                    accuracy.TASKS["image"])
+    assert "| 0.95 | layer | fp32 | ramp100 | every step | cosine |" in table
+    for argv in (["--windows", "ramp"], ["--windows", "ramp100", "--updates", "40"]):
+        with pytest.raises(SystemExit):
+            accuracy.parse_args(argv)
+
+
 def test_a_mask_update_count_other_than_the_default_is_a_variant_with_its_own_flag_and_row():
     args = accuracy.parse_args(["--tasks", "image", "--sparsities", "0.8", "--seeds", "1", "--updates", "10", "40"])
     runs = accuracy.planned_runs(args)

@@ -43,3 +43,17 @@ def test_updates_with_a_frequency_or_not_positive_are_refused(argv):
 def test_a_window_with_steps_or_backwards_is_refused(argv):
     with pytest.raises(SystemExit, match="--prune-window"):
         schedule_arguments(parsed(*argv), 1000)
+
+
+def test_a_ramp_packs_from_step_0_and_re_ranks_every_step():
+    args = parsed("--sparsity", "0.95", "--prune-ramp", "100")
+    schedule = PacTrainConfig.from_arguments(sparsity=args.sparsity, **schedule_arguments(args, 1407)).schedule
+    assert (schedule.begin_step, schedule.end_step, schedule.frequency) == (0, 100, 1)
+    assert (schedule.initial_sparsity, schedule.final_sparsity) == (0.5, 0.95)
+
+
+@pytest.mark.parametrize("argv", [("--prune-ramp", "100", "--prune-window", "0", "0.3"),
+                                  ("--prune-ramp", "100", "--prune-updates", "5"), ("--prune-ramp", "-1")])
+def test_a_ramp_beside_other_prune_flags_or_negative_is_refused(argv):
+    with pytest.raises(SystemExit, match="--prune-ramp"):
+        schedule_arguments(parsed(*argv), 1000)
