@@ -32,7 +32,7 @@ from benchmarks.links.probing import probe_links
 from benchmarks.runner.jobs import run_job
 from benchmarks.runner.processes import Processes, python_module, run_concurrently
 from benchmarks.runner.signals import cleanup_on_signals
-from benchmarks.tta.tta_report import adopt_reference, write_report
+from benchmarks.tta.tta_report import adopt_reference, cycle_time_ms, write_report
 
 REPO = Path(__file__).resolve().parents[2]
 METHODS = ("dense", "fp16", "topk", "powersgd", "pactrain-0.8-fp16", "pactrain-0.9-fp16", "pactrain-0.9-ternary",
@@ -118,7 +118,7 @@ def run_cell(args: argparse.Namespace, record: dict, workload: str, link_text: s
                                             "batch_size": args.batch_size})
     # Steps, cycle time and batch make the cell; a part may evaluate more often or stop at a budget (each run
     # records its own evaluation interval and budget).
-    protocol = (cell["steps"], cell.get("cycle_time_ms"), cell.get("batch_size"))
+    protocol = (cell["steps"], cycle_time_ms(cell), cell.get("batch_size"))
     asked = (args.steps, args.cycle_time_ms, args.batch_size)
     if protocol != asked:
         raise RuntimeError(f"{key} in {args.record} ran (steps, cycle ms, batch) {protocol}; this run asks for "

@@ -224,12 +224,16 @@ def loads(cell: dict) -> str:
     return f"load as each run ended {min(ended):.1f}" + (f"-{max(ended):.1f}" if max(ended) - min(ended) >= 0.05 else "")
 
 
+def cycle_time_ms(cell: dict) -> float:
+    """The cell's HOROVOD_CYCLE_TIME; cells recorded before it was a setting ran at Horovod's default, 1 ms."""
+    return float(cell.get("cycle_time_ms") or 1)
+
+
 def horovod_settings(cell: dict) -> str:
-    """The per-worker batch its runs took and the cell's HOROVOD_CYCLE_TIME (cells recorded before the cycle
-    time was a setting ran at Horovod's default, 1 ms)."""
+    """The per-worker batch its runs took and the cell's HOROVOD_CYCLE_TIME."""
     batches = worker_batches(cell)
     batch = f"per-worker batch {'/'.join(map(str, batches))}, " if batches else ""
-    return f"{batch}HOROVOD_CYCLE_TIME {cell.get('cycle_time_ms') or 1:g} ms"
+    return f"{batch}HOROVOD_CYCLE_TIME {cycle_time_ms(cell):g} ms"
 
 
 def cell_markdown(key: str, cell: dict, summary: dict) -> str:

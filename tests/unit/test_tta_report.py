@@ -140,3 +140,17 @@ def test_a_tensorflow_cell_takes_tf_fp16_as_its_reference_and_names_a_part_that_
     text = cell_markdown("image/5mbit/2w", part["cells"]["image/5mbit/2w"], summary)
     assert "| tf-fp16 (evaluation every 1, budget 240 s) | 0.7000 | >= 600 s" in text
     assert "reaches it in 20 s, at least 30.0x sooner than fp16 (stopped by the budget)" in text
+
+
+def test_a_part_appends_to_a_cell_recorded_before_the_cycle_time_was_kept_only_at_1_ms():
+    from argparse import Namespace
+
+    from benchmarks.tta.tta import run_cell
+
+    legacy = dict(cell({"fp16": run([[20, 2, 0.80, 0], [40, 4, 0.90, 0]])}), workload="image", workers=2, link="5mbit")
+    record = {"cells": {"image/5mbit/2w": legacy}}
+    asked = Namespace(steps=4, eval_every=2, budget_s=0.0, cycle_time_ms=1.0, batch_size=None, methods=["fp16"],
+                      record="r.json")
+    run_cell(asked, record, "image", "5mbit", 2, None, None)  # every method is in the record: nothing runs
+    with pytest.raises(RuntimeError, match=r"ran \(steps, cycle ms, batch\) \(4, 1.0, None\); this run asks for \(4, 5.0"):
+        run_cell(Namespace(**{**vars(asked), "cycle_time_ms": 5.0}), record, "image", "5mbit", 2, None, None)
