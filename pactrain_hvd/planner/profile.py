@@ -6,11 +6,13 @@ time does not depend on the values), the optimizer's update (SGD with momentum),
 arithmetic its compression runs on every gradient: a cast to fp16 and back (fp16), a gather of the survivors
 at 0.9 sparsity and a scatter back (PacTrain), ``torch.topk`` at 1 % and a scatter (Top-k), the rank-4
 projections and the rebuild (PowerSGD). Medians of ``repeats`` timed runs after one untimed. Forward's
-share of the compute is taken as a third (backward costs about twice forward).
+share of the compute is taken as a third (backward costs about twice forward). On a CPU the load average
+as the measurement ended is kept beside the times: other work on the same cores inflates them.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -65,7 +67,14 @@ def measure(model: Any, input_shape: Sequence[int], batch_size: int, repeats: in
     costs = Costs(compute_s=compute_s, update_s=update_s, compress_s=compress)
     measured = {"device": device, "batch_size": batch_size, "input_shape": list(input_shape),
                 "forward_backward_s": compute_s, "update_s": update_s, "compress_s": compress}
+    if device == "cpu":
+        measured.update(load=os.getloadavg()[0], cpus=len(os.sched_getaffinity(0)))
     return costs, measured
+
+
+def busy(measured: dict) -> bool:
+    """Whether other work shared the CPU while it was measured (a load average above its core count)."""
+    return measured.get("load", 0.0) > measured.get("cpus", 1)
 
 
 def _codecs(grads: list) -> dict[str, Callable[[], None]]:

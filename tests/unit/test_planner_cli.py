@@ -79,10 +79,14 @@ def test_cycle_time_and_coordination_on_a_slow_link(capsys, tmp_path):
     assert "242 B each cycle the loop is idle plus 17,500 B a step" in capsys.readouterr().out
 
 
-def test_profile_measures_here(capsys):
+@pytest.mark.parametrize("load, said", [(0.5, "load 0.5 on 2 cores)"),
+                                        (5.0, "load 5.0 on 2 cores: other work shared the CPU, so these times are high)")])
+def test_profile_measures_here_and_names_the_load_it_met(capsys, monkeypatch, load, said):
+    monkeypatch.setattr("os.getloadavg", lambda: (load, 0.0, 0.0))
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     assert main(["--model", f"{FIXTURE}:tiny", "--workers", "2", "--link", "100mbit", "--profile",
                  "--input-shape", "1,8,8", "--batch-size", "4", "--methods", "dense,fp16,pactrain-0.9-fp16"]) == 0
-    assert "measured here (cpu, batch 4)" in capsys.readouterr().out
+    assert f"measured here (cpu, batch 4, {said}: forward + backward" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("arguments, named", [
