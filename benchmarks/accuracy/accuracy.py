@@ -110,7 +110,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default=str(REPO_ROOT / "reports" / "accuracy"), help="report folder")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds allowed per run")
     args = parser.parse_args(argv)
-    if any(w.startswith("ramp") for w in args.windows) and args.updates != [RUN_MASK_UPDATES]:
+    if any(ramp_steps(w) for w in args.windows) and args.updates != [RUN_MASK_UPDATES]:
         parser.error("--updates counts mask updates in a window; a ramp re-ranks at every step: run ramps apart")
     return args
 
@@ -129,18 +129,25 @@ class Run:
     @property
     def name(self) -> str:
         variant = "".join(f"-{v}" for v, default in ((self.values, "fp32"), (self.ranking, "layer")) if v != default)
-        variant += "" if self.window == DEFAULT_WINDOW else f"-{self.window}" if self.window.startswith("ramp") else f"-w{self.window}"
+        if self.window != DEFAULT_WINDOW:
+            variant += f"-{self.window}" if ramp_steps(self.window) else f"-w{self.window}"
         variant += f"-u{self.updates}" if self.updates != RUN_MASK_UPDATES else ""
         variant += f"-{self.lr_schedule}" if self.lr_schedule != DEFAULT_LR_SCHEDULE else ""
         return f"{self.task.name}-s{self.sparsity:g}{variant}-seed{self.seed}"
 
 
+def ramp_steps(window: str) -> str | None:
+    """A ``rampSTEPS`` window's STEPS (the examples' ``--prune-ramp``); None for a ``BEGIN-END`` window."""
+    return window[len("ramp"):] if window.startswith("ramp") else None
+
+
 def window_argument(text: str) -> str:
     """``BEGIN-END`` fractions of the run, normalised (``0.10-0.6`` -> ``0.1-0.6``), or ``rampSTEPS``."""
-    if text.startswith("ramp"):
-        if not text[4:].isdigit():
+    steps = ramp_steps(text)
+    if steps is not None:
+        if not steps.isdigit():
             raise argparse.ArgumentTypeError(f"a ramp is rampSTEPS, its length in optimizer steps, got {text!r}")
-        return f"ramp{int(text[4:])}"
+        return f"ramp{int(steps)}"
     try:
         first, last = (float(part) for part in text.split("-"))
     except ValueError:
@@ -166,8 +173,8 @@ def example_args(run: Run, args: argparse.Namespace, result_json: Path) -> list[
              "--seed", str(run.seed), "--result-json", str(result_json), "--logdir="]
     if args.fp16:
         flags.append("--fp16")
-    if run.window.startswith("ramp"):
-        flags += ["--prune-ramp", run.window[4:]]
+    if ramp_steps(run.window):
+        flags += ["--prune-ramp", ramp_steps(run.window)]
     elif run.window != DEFAULT_WINDOW:
         flags += ["--prune-window", *run.window.split("-")]
     if run.updates != RUN_MASK_UPDATES:
@@ -283,7 +290,7 @@ def markdown_table(runs: list[dict], task: Task, borrowed_dense: Sequence[dict] 
         per_step = [r["final_bytes_per_step"] for r in exact or group if r.get("final_bytes_per_step")]
         dense_per_step = mean([r["dense_bytes"] / r["steps"] for r in group])
         lines.append(
-            f"| {sparsity:g} | {ranking} | {values} | {window} | {'every step' if window.startswith('ramp') else updates} | {lr_schedule if task.name.startswith('image') else 'its own'} | {mean([r['sparsity'] for r in group]):.3f} | {metric:.4f} | "
+            f"| {sparsity:g} | {ranking} | {values} | {window} | {'every step' if ramp_steps(window) else updates} | {lr_schedule if task.name.startswith('image') else 'its own'} | {mean([r['sparsity'] for r in group]):.3f} | {metric:.4f} | "
             + ", ".join(f"{r[task.metric]:.4f}" for r in group) + f" | {delta} | "
             f"{mean([r['sent_bytes'] for r in group]) / 1e6:.0f} | "
             + (f"{mean(per_step) / 1e3:.0f}" if per_step else "n/a")

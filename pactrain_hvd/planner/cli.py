@@ -126,13 +126,10 @@ def run(argv: list[str] | None = None) -> dict:
                f"gradients {args.cycle_bytes:,.0f} B each cycle the loop is idle plus {args.overhead_bytes:,.0f} B a step",
                "gradients become ready in reverse parameter order, at a pace proportional to their size"]
     if args.profile:
-        from pactrain_hvd.planner.profile import busy, measure
+        from pactrain_hvd.planner.profile import load_note, measure
 
         costs, measured = measure(model, args.input_shape, args.batch_size, integer_inputs=args.token_inputs)
-        load = (f", load {measured['load']:.1f} on {measured['cpus']} cores"
-                + (": other work shared the CPU, so these times are high" if busy(measured) else "")
-                if "load" in measured else "")
-        assumed.append(f"measured here ({measured['device']}, batch {args.batch_size}{load}): forward + backward "
+        assumed.append(f"measured here ({measured['device']}, batch {args.batch_size}{load_note(measured)}): forward + backward "
                        f"{costs.compute_s * 1e3:.1f} ms, update {costs.update_s * 1e3:.1f} ms, compression "
                        + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in costs.compress_s.items() if k != "dense"))
     else:

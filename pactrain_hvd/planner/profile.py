@@ -72,9 +72,14 @@ def measure(model: Any, input_shape: Sequence[int], batch_size: int, repeats: in
     return costs, measured
 
 
-def busy(measured: dict) -> bool:
-    """Whether other work shared the CPU while it was measured (a load average above its core count)."""
-    return measured.get("load", 0.0) > measured.get("cpus", 1)
+def load_note(measured: dict) -> str:
+    """``, load L on N cores`` for a CPU measurement, with a warning where the load average passed the core
+    count (other work shared the CPU); empty for a GPU."""
+    if "load" not in measured:
+        return ""
+    busy = measured["load"] > measured["cpus"]
+    return (f", load {measured['load']:.1f} on {measured['cpus']} cores"
+            + (": other work shared the CPU, so these times are high" if busy else ""))
 
 
 def _codecs(grads: list) -> dict[str, Callable[[], None]]:
