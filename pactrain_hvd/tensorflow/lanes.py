@@ -1,7 +1,7 @@
-"""Ternary lanes in TF ops, following the bit layout of ``pactrain_hvd.core.lanes``.
+"""Ternary lanes in TF ops, following the digit layout of ``pactrain_hvd.core.lanes``.
 
 Mirrors the numpy reference functions there, vectorised: codes reshaped to ``[words, lanes]``,
-shifted and summed; summed words shifted back and masked. Every function takes a
+weighted by the digits' powers and summed; summed words divided by the powers, modulo the radix. Every function takes a
 ``core.lanes.LaneLayout`` (the world size known when the graph is traced) or a ``TensorLayout``
 (the world size read when the graph runs, as Horovod elastic needs: ``layout_for(hvd.size_op())``).
 """
@@ -12,14 +12,14 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from pactrain_hvd.core.lanes import CODE_OFFSET, SCALE_OVER_MEAN, WORD_BITS, LaneLayout, lane_layout
+from pactrain_hvd.core.lanes import CODE_OFFSET, SCALE_OVER_MEAN, WORD_LIMIT, LaneLayout, lane_layout
 
 
 class TensorLayout(NamedTuple):
     """``core.lanes.LaneLayout`` as int32 scalars computed in the graph."""
 
     world_size: tf.Tensor
-    width: tf.Tensor
+    radix: tf.Tensor
     lanes: tf.Tensor
 
 
@@ -28,13 +28,16 @@ def layout_for(world_size: int | tf.Tensor) -> LaneLayout | TensorLayout:
     if isinstance(world_size, int):
         return lane_layout(world_size)
     world_size = tf.cast(world_size, tf.int32)
-    # ceil(log2(2N + 1)) is the bit length of 2N: the number of right shifts that leave it non-zero.
-    width = tf.reduce_sum(tf.cast(tf.bitwise.right_shift(2 * world_size, tf.range(WORD_BITS)) > 0, tf.int32))
-    return TensorLayout(world_size, width, WORD_BITS // width)
+    radix = 2 * world_size + 1
+    # The most digits k with radix ** k <= 2 ** 31; at most 19 (radix 3), and float64 powers are exact up to 2 ** 53.
+    powers = tf.pow(tf.cast(radix, tf.float64), tf.range(1, 20, dtype=tf.float64))
+    return TensorLayout(world_size, radix, tf.reduce_sum(tf.cast(powers <= WORD_LIMIT, tf.int32)))
 
 
-def _shifts(layout: LaneLayout | TensorLayout) -> tf.Tensor:
-    return tf.range(layout.lanes, dtype=tf.int32) * layout.width
+def _powers(layout: LaneLayout | TensorLayout) -> tf.Tensor:
+    if isinstance(layout, LaneLayout):
+        return tf.constant(layout.powers, tf.int32)
+    return tf.math.cumprod(tf.fill([layout.lanes], layout.radix), exclusive=True)
 
 
 def local_scale(values: tf.Tensor) -> tf.Tensor:
@@ -50,19 +53,18 @@ def stochastic_ternary(values: tf.Tensor, scale: tf.Tensor, noise: tf.Tensor) ->
 
 
 def pack_codes(codes: tf.Tensor, layout: LaneLayout | TensorLayout) -> tf.Tensor:
-    """Codes (each < 2**width) -> int32 words, ``layout.lanes`` codes per word."""
+    """Codes (each < ``layout.radix``) -> int32 words, ``layout.lanes`` digits per word."""
     codes = tf.reshape(tf.cast(codes, tf.int32), [-1])
     count = tf.size(codes)
     lanes = tf.convert_to_tensor(layout.lanes, tf.int32)
     padded = tf.pad(codes, [[0, (count + lanes - 1) // lanes * lanes - count]])
-    return tf.reduce_sum(tf.bitwise.left_shift(tf.reshape(padded, [-1, lanes]), _shifts(layout)), axis=1)
+    return tf.reduce_sum(tf.reshape(padded, [-1, lanes]) * _powers(layout), axis=1)
 
 
 def unpack_lanes(words: tf.Tensor, layout: LaneLayout | TensorLayout, count: int | tf.Tensor) -> tf.Tensor:
-    """int32 words (possibly summed over ranks) -> the first ``count`` lane values, as int32."""
-    lane_mask = tf.bitwise.left_shift(1, tf.convert_to_tensor(layout.width, tf.int32)) - 1
-    lanes = tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.reshape(words, [-1, 1]), _shifts(layout)), lane_mask)
-    return tf.reshape(lanes, [-1])[:count]
+    """int32 words (possibly summed over ranks) -> the first ``count`` digits, as int32."""
+    digits = tf.math.floormod(tf.math.floordiv(tf.reshape(words, [-1, 1]), _powers(layout)), layout.radix)
+    return tf.reshape(digits, [-1])[:count]
 
 
 def encode(ternary: tf.Tensor, layout: LaneLayout | TensorLayout) -> tf.Tensor:

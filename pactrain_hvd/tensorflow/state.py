@@ -91,7 +91,7 @@ class PacTrainState(Binding, Maintenance, HorovodEngine, tf.train.experimental.P
     same settings: the first step proves it (``SettingsMismatchError`` on every rank instead of a hang).
     ``packed_values``: how packed values travel, as in torch: ``"inherit"`` as ``compression`` says,
     ``"fp16"``, or ``"ternary"`` (shared-scale stochastic ternary with error feedback in int32 lanes, fp16
-    beyond 256 ranks; op Average or Sum); ``values=`` is its deprecated old name. Dense-plan and unpruned
+    beyond 644 ranks; op Average or Sum); ``values=`` is its deprecated old name. Dense-plan and unpruned
     tensors travel as ``compression`` says. ``"fp16"`` and ``"ternary"`` are not combinable with ``groups``:
     a pruned tensor's plan, hence its wire, is chosen when the step runs.
 

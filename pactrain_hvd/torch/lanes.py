@@ -1,7 +1,7 @@
-"""Ternary lanes in torch ops, following the bit layout of ``pactrain_hvd.core.lanes``.
+"""Ternary lanes in torch ops, following the digit layout of ``pactrain_hvd.core.lanes``.
 
 Mirrors the numpy reference functions there, vectorised: codes reshaped to ``[words, lanes]``,
-shifted and summed; summed words shifted back and masked.
+weighted by the digits' powers and summed; summed words divided by the powers, modulo the radix.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pactrain_hvd.core.lanes import CODE_OFFSET, SCALE_OVER_MEAN, LaneLayout
 
 
 @functools.cache
-def _shifts(layout: LaneLayout, device: torch.device) -> torch.Tensor:
-    """Each lane's bit offset, made once per layout and device (not a host-to-device copy per tensor and step)."""
-    return torch.tensor(layout.shifts, dtype=torch.int32, device=device)
+def _powers(layout: LaneLayout, device: torch.device) -> torch.Tensor:
+    """Each digit's weight, made once per layout and device (not a host-to-device copy per tensor and step)."""
+    return torch.tensor(layout.powers, dtype=torch.int32, device=device)
 
 
 def local_scale(values: torch.Tensor) -> torch.Tensor:
@@ -31,22 +31,23 @@ def stochastic_ternary(values: torch.Tensor, scale: torch.Tensor, noise: torch.T
 
 
 def pack_codes(codes: torch.Tensor, layout: LaneLayout, offset: int = 0) -> torch.Tensor:
-    """Codes (each ``+ offset`` < 2**width, any dtype) -> int32 words, ``layout.lanes`` codes per word;
-    one int32 buffer, shifted in place (padding lanes hold 0)."""
+    """Codes (each ``+ offset`` < ``layout.radix``, any dtype) -> int32 words, ``layout.lanes`` digits per word;
+    one int32 buffer, weighted in place (padding digits hold 0)."""
     count = codes.numel()
     buffer = torch.empty(layout.words(count) * layout.lanes, dtype=torch.int32, device=codes.device)
     buffer[count:].zero_()
     buffer[:count].copy_(codes.reshape(-1))
     if offset:
         buffer[:count].add_(offset)
-    lanes = buffer.view(-1, layout.lanes).bitwise_left_shift_(_shifts(layout, codes.device))
-    return lanes.sum(dim=1, dtype=torch.int32)
+    digits = buffer.view(-1, layout.lanes).mul_(_powers(layout, codes.device))
+    return digits.sum(dim=1, dtype=torch.int32)
 
 
 def unpack_lanes(words: torch.Tensor, layout: LaneLayout, count: int) -> torch.Tensor:
-    """int32 words (possibly summed over ranks) -> the first ``count`` lane values, as int32."""
-    lanes = (words.reshape(-1, 1) >> _shifts(layout, words.device)).bitwise_and_(layout.lane_mask)
-    return lanes.reshape(-1)[:count]
+    """int32 words (possibly summed over ranks) -> the first ``count`` digits, as int32 (words are never
+    negative, so floor division is exact)."""
+    digits = torch.div(words.reshape(-1, 1), _powers(layout, words.device), rounding_mode="floor")
+    return digits.remainder_(layout.radix).reshape(-1)[:count]
 
 
 def encode(ternary: torch.Tensor, layout: LaneLayout) -> torch.Tensor:

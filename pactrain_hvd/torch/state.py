@@ -170,7 +170,7 @@ class PacTrainState(PruningReadout, BroadcastCarry):
         return self._compressors[p]
 
     def follow_world_size(self) -> None:
-        """Ternary lane width and the average's divisor follow the world size (Horovod elastic changes it)."""
+        """Ternary digits per word and the average's divisor follow the world size (Horovod elastic changes it)."""
         size = self.process_set.size()
         if size == self._ternary.layout.world_size:
             return

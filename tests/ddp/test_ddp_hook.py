@@ -277,7 +277,7 @@ def scenario_ternary_values_and_their_exact_resume():
     for index in range(6):
         step(reference, reference_opt, index)
     masks, lanes = reference_state.masks(), reference_state.lanes
-    assert lanes is not None and lanes.lanes == 10  # 2 ranks: 3-bit lanes, 10 per int32 word
+    assert lanes is not None and lanes.lanes == 13  # 2 ranks: base-5 digits, 13 per int32 word
     buckets = reference_state.stats()["tensors"].values()
     assert all(b["packed"] for b in buckets)
     scales = len(list(reference.module.parameters()))  # one fp32 scale per parameter

@@ -139,9 +139,9 @@ def test_kill_one_worker_rolls_back_to_commit_and_the_rejoined_worker_gets_the_m
              for pid in (survivor, rejoined[0])}
     assert after[survivor] == after[rejoined[0]]
     assert len({masks for _, masks in after[survivor]}) >= 3
-    if frontend == "torch-ternary":  # ternary lanes follow the world size: 10 per word for 2 ranks, 15 alone
+    if frontend == "torch-ternary":  # ternary digits follow the world size: 13 per word for 2 ranks, 19 alone
         lanes = {(e["size"], e["lanes"]) for e in survivor_events if e["event"] == "step"}
-        assert lanes == {(2, 10), (1, 15)}, lanes
+        assert lanes == {(2, 13), (1, 19)}, lanes
 
     finals = [load_final(out / f"final.rank{rank}.npz") for rank in (0, 1)]
     for counters, _, _ in finals:

@@ -28,7 +28,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--kill-at", type=int, default=10)
     parser.add_argument("--rejoin-by", type=int, default=12, help="alone from this commit on, wait for the second worker")
     parser.add_argument("--rejoin-timeout", type=float, default=90.0)
-    parser.add_argument("--packed-values", default="inherit", help="ternary: lane width follows the world size")
+    parser.add_argument("--packed-values", default="inherit", help="ternary: the digits per word follow the world size")
     return parser.parse_args()
 
 

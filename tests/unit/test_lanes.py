@@ -1,4 +1,4 @@
-"""Ternary lanes: exact integer sums over simulated ranks, one bit layout for numpy, torch and TF, unbiased
+"""Ternary lanes: exact integer sums over simulated ranks, one digit layout for numpy, torch and TF, unbiased
 rounding, error feedback, and the ternary path of PacTrainCompressor."""
 
 import math
@@ -23,20 +23,20 @@ from pactrain_hvd.torch import lanes as torch_lanes  # noqa: E402
 from pactrain_hvd.torch.memory import ErrorFeedback  # noqa: E402
 
 
-@pytest.mark.parametrize("world_size, width, lanes", [(1, 2, 15), (2, 3, 10), (3, 3, 10), (4, 4, 7), (8, 5, 6),
-                                                       (16, 6, 5), (64, 8, 3), (256, 10, 3), (512, 11, 2)])
-def test_layout_from_world_size(world_size, width, lanes):
+@pytest.mark.parametrize("world_size, lanes", [(1, 19), (2, 13), (3, 11), (4, 9), (8, 7), (16, 6), (64, 4),
+                                               (256, 3), (644, 3), (645, 2)])
+def test_layout_from_world_size(world_size, lanes):
     layout = core.lane_layout(world_size)
-    assert (layout.width, layout.lanes) == (width, lanes)
-    assert layout.width == math.ceil(math.log2(2 * world_size + 1))
-    assert layout.width * layout.lanes <= core.WORD_BITS
-    assert (core.ternary_layout(world_size) is None) == (lanes < 3)  # fp16 fallback beyond 256 ranks
+    assert (layout.radix, layout.lanes) == (2 * world_size + 1, lanes)
+    assert layout.radix**layout.lanes <= 2**31 < layout.radix ** (layout.lanes + 1)
+    assert layout.lanes >= 31 // math.ceil(math.log2(2 * world_size + 1))  # never fewer than bit fields
+    assert (core.ternary_layout(world_size) is None) == (lanes < 3)  # fp16 fallback beyond 644 ranks
 
 
 @pytest.mark.parametrize("world_size", [0, -1, 2.0, True])
 def test_layout_refuses_bad_world_size(world_size):
     with pytest.raises(ValueError, match="world_size"):
-        core.lane_width(world_size)
+        core.lane_radix(world_size)
 
 
 @pytest.mark.parametrize("world_size", range(2, 65))
@@ -52,6 +52,7 @@ def test_summed_words_unpack_to_exact_code_sums(world_size):
     assert words.dtype == np.int32 and words.shape == (world_size, layout.words(count))
     summed = words.sum(axis=0, dtype=np.int32)
     assert np.all(summed >= 0)  # the sign bit is never reached
+    assert summed.max() < layout.radix**layout.lanes
     decoded = core.decode_sums(core.unpack_lanes(summed, layout, count), world_size)
     np.testing.assert_array_equal(decoded, ternary.sum(axis=0))
     assert decoded[0] == world_size and decoded[1] == -world_size
@@ -71,7 +72,7 @@ def test_summed_words_unpack_to_exact_code_sums(world_size):
 def test_torch_and_numpy_packers_write_identical_words(world_size):
     layout = core.lane_layout(world_size)
     rng = np.random.default_rng(world_size)
-    lane_values = rng.integers(0, 2 * world_size + 1, size=1001)  # any lane value up to 2N
+    lane_values = rng.integers(0, 2 * world_size + 1, size=1001)  # any digit up to 2N
     expected = core.pack_codes(lane_values, layout)
     words = torch_lanes.pack_codes(torch.from_numpy(lane_values).to(torch.int32), layout)
     assert words.dtype == torch.int32
@@ -87,7 +88,7 @@ def test_torch_and_numpy_packers_write_identical_words(world_size):
 def test_tf_and_numpy_packers_write_identical_words(world_size):
     layout = core.lane_layout(world_size)
     rng = np.random.default_rng(world_size)
-    lane_values = rng.integers(0, 2 * world_size + 1, size=1001)  # any lane value up to 2N
+    lane_values = rng.integers(0, 2 * world_size + 1, size=1001)  # any digit up to 2N
     expected = core.pack_codes(lane_values, layout)
     for layout_tf in (layout, tf_lanes.layout_for(tf.constant(world_size))):
         words = tf_lanes.pack_codes(tf.constant(lane_values, tf.int32), layout_tf)
@@ -101,18 +102,18 @@ def test_tf_and_numpy_packers_write_identical_words(world_size):
 
 
 def test_tf_layout_read_when_the_graph_runs_is_the_core_layout():
-    layout_of = tf.function(lambda n: tf_lanes.layout_for(n)[1:])  # (width, lanes), traced once
-    for world_size in [*range(1, 300), 511, 512, 4096, 2**20]:
-        width, lanes = layout_of(tf.constant(world_size))
+    layout_of = tf.function(lambda n: tf_lanes.layout_for(n)[1:])  # (radix, lanes), traced once
+    for world_size in [*range(1, 300), 511, 512, 644, 645, 4096, 2**20]:
+        radix, lanes = layout_of(tf.constant(world_size))
         expected = core.lane_layout(world_size)
-        assert (int(width), int(lanes)) == (expected.width, expected.lanes), world_size
+        assert (int(radix), int(lanes)) == (expected.radix, expected.lanes), world_size
     assert layout_of.experimental_get_tracing_count() == 1
     assert tf_lanes.layout_for(8) == core.lane_layout(8)  # a Python int: the core layout itself
 
 
-def test_layout_is_lane_zero_in_the_low_bits():
-    layout = core.lane_layout(2)  # 3-bit lanes
-    assert core.pack_codes(np.array([1, 2, 0, 2]), layout)[0] == 1 + (2 << 3) + (2 << 9)
+def test_layout_is_digit_zero_least_significant():
+    layout = core.lane_layout(2)  # base 5
+    assert core.pack_codes(np.array([1, 2, 0, 2]), layout)[0] == 1 + 2 * 5 + 2 * 5**3
 
 
 def test_torch_and_numpy_rounding_agree():
@@ -258,7 +259,7 @@ def test_compressor_ternary_round_trip_as_if_summed_over_two_ranks():
     ternary = torch.tensor([1, 0, -1, 1, 1, 0, -1, -1, 0, 0, 1, -1], dtype=torch.int8)
     scale = torch.tensor(0.5)
     words, ctx = compressor.compress_ternary(grad, ternary, scale, divisor=2.0)
-    assert words.dtype == torch.int32 and words.numel() == 2  # 12 values, 10 lanes per word
+    assert words.dtype == torch.int32 and words.numel() == 1  # 12 values, 13 digits per word
     restored = compressor.decompress(words * 2, ctx)  # both ranks sent the same codes
     torch.testing.assert_close(restored[mask], ternary.float() * 0.5)
     assert torch.all(restored[~mask] == 0)

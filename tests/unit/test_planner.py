@@ -49,12 +49,12 @@ def test_pactrain_packs_large_sparse_tensors_and_sends_the_rest_whole():
 
 
 def test_pactrain_ternary_uses_the_library_lanes():
-    # 2 workers: lanes of 3 bits, 10 to a word: 82 and 50 words + one fp32 scale each; whole tensors fp16
-    assert sent("pactrain-0.9-ternary", 2) == (4 * 82 + 4 + 4 * 50 + 4 + 2 * 64 + 2 * 74, 0)
-    # 16 workers: 6-bit lanes, 5 to a word
-    assert sent("pactrain-0.9-ternary", 16) == (4 * 164 + 4 + 4 * 100 + 4 + 2 * 138, 0)
-    # 512 workers: no lanes fit, packed values travel fp16
-    assert sent("pactrain-0.9-ternary", 512) == sent("pactrain-0.9-fp16", 512)
+    # 2 workers: base-5 digits, 13 to a word: 63 and 39 words + one fp32 scale each; whole tensors fp16
+    assert sent("pactrain-0.9-ternary", 2) == (4 * 63 + 4 + 4 * 39 + 4 + 2 * 64 + 2 * 74, 0)
+    # 16 workers: base-33 digits, 6 to a word
+    assert sent("pactrain-0.9-ternary", 16) == (4 * 137 + 4 + 4 * 84 + 4 + 2 * 138, 0)
+    # 645 workers: 2 digits to a word, no better than fp16, so packed values travel fp16
+    assert sent("pactrain-0.9-ternary", 645) == sent("pactrain-0.9-fp16", 645)
 
 
 def test_pactrain_erk_shares_follow_the_library():

@@ -76,10 +76,10 @@ def test_topk_on_one_worker_is_plain_topk():
 
 
 def test_ternary_sends_fp16_where_lanes_do_not_fit():
-    g = grads(512, (8, 4))  # sums up to 1024 need 11-bit lanes: 2 to a word, no better than fp16
+    g = grads(645, (8, 4))  # sums up to 1290 are base-1291 digits: 2 to a word, no better than fp16
     mask = np.ones((8, 4), bool)
-    out = VirtualWorkers(parse_method("pactrain-0.9-ternary"), 512).reduce("w", g, mask)
-    fp16 = VirtualWorkers(parse_method("pactrain-0.9-fp16"), 512).reduce("w", g, mask)
+    out = VirtualWorkers(parse_method("pactrain-0.9-ternary"), 645).reduce("w", g, mask)
+    fp16 = VirtualWorkers(parse_method("pactrain-0.9-fp16"), 645).reduce("w", g, mask)
     np.testing.assert_array_equal(out, fp16)
 
 

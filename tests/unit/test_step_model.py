@@ -123,7 +123,7 @@ def test_plans_hand_horovod_what_the_methods_send():
     ternary = plan("pactrain-0.9-ternary")  # from the hooks: the codes, the next scale's MAX; the bias
     assert not ternary.stages
     assert [(t.nbytes, t.dtype) for t in ternary.hooked] == [
-        (4 * -(-26214 // 10), "int32"), (4, "float32-max"), (4 * 512, "float32")]  # 2 ranks: 10 3-bit lanes per int32
+        (4 * -(-26214 // 13), "int32"), (4, "float32-max"), (4 * 512, "float32")]  # 2 ranks: 13 base-5 digits per int32
 
 
 def test_tta_rows_take_a_runs_own_phases_or_a_loopback_runs_and_skip_ddp():
