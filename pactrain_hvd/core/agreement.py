@@ -29,6 +29,13 @@ _SCHEDULE_HINT = ("total_steps, begin_step, end_step and frequency must be the s
                   "gives every rank the same number of batches")
 _SCHEDULE = ("total_steps", "begin_step", "end_step", "frequency")
 
+# What the collectives carry, beyond the settings: raised whenever a version changes it (2: ternary codes as
+# base-(2N + 1) digits), so that ranks running different versions stop with an error instead of misreading
+# each other's words.
+WIRE_FORMAT = 2
+_VERSION_HINT = "install the same pactrain_hvd version on every rank"
+_UNKNOWN = "a setting this rank does not know (different pactrain_hvd versions?)"
+
 
 def _word(data: bytes) -> int:
     return struct.unpack("<q", data.ljust(8, b"\0"))[0]
@@ -86,14 +93,16 @@ def check_settings(settings: Mapping[str, Setting], per_rank: Sequence[np.ndarra
         values = [rows.get(key) for rows in as_dicts]
         if len(set(values)) == 1:
             continue
-        name = names.get(key, "a setting this rank does not know (different pactrain_hvd versions?)")
+        name = names.get(key, _UNKNOWN)
         shown = ", ".join(f"rank {rank}: {_decode(*value) if value else 'not set'}" for rank, value in enumerate(values))
         problems.append(f"{name} ({shown})")
         differing.append(name)
     if not problems:
         return
     hints = [_SCHEDULE_HINT] if set(differing) & set(_SCHEDULE) else []
-    others = [name for name in differing if name not in _SCHEDULE]
+    if set(differing) & {"wire_format", _UNKNOWN}:
+        hints.append(_VERSION_HINT)
+    others = [name for name in differing if name not in (*_SCHEDULE, "wire_format", _UNKNOWN)]
     if others:
         listed = ", ".join(others[:-1]) + " and " + others[-1] if len(others) > 1 else others[0]
         hints.append(f"pass the same {listed} on every rank")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pactrain_hvd.core.agreement import Setting
+from pactrain_hvd.core.agreement import WIRE_FORMAT, Setting
 from pactrain_hvd.core.masks import DEFAULT_RANKING, RANKINGS  # noqa: F401 (DEFAULT_RANKING: re-exported)
 from pactrain_hvd.core.numeric import plain_number
 from pactrain_hvd.core.plan import DEFAULT_MAX_DENSITY, DEFAULT_MIN_NUMEL
@@ -166,7 +166,8 @@ class PacTrainConfig:
         return {"total_steps": self.total_steps, "begin_step": self.begin_step, "end_step": self.end_step,
                 "frequency": self.frequency, "sparsity": float(self.sparsity), "ranking": self.ranking,
                 "pack_min_numel": self.pack_min_numel, "pack_max_density": float(self.pack_max_density),
-                "verify_every": self.verify_every, "initial_sparsity": float(self.initial_sparsity), "power": self.power}
+                "verify_every": self.verify_every, "initial_sparsity": float(self.initial_sparsity), "power": self.power,
+                "wire_format": WIRE_FORMAT}
 
     def verifies_at(self, step: int) -> bool:
         """Whether ``step`` has a periodic Mask Tracker check (every ``verify_every`` steps; 0: none)."""

@@ -17,7 +17,7 @@ from pactrain_hvd.core import (
     magnitude_masks,
     mask_fingerprint,
 )
-from pactrain_hvd.core.agreement import check_settings, horovod_settings, settings_rows
+from pactrain_hvd.core.agreement import WIRE_FORMAT, check_settings, horovod_settings, settings_rows
 from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
 
 
@@ -63,6 +63,17 @@ def test_text_float_and_hashed_settings_show_each_rank_value():
     assert "groups (rank 0: None, rank 1: 2)" in message
     assert "compression (rank 0: <value with hash" in message and "rank 1: 'fp16')" in message
     assert "pass the same sparsity, packed_values, compression and groups on every rank" in message
+
+
+def test_ranks_of_different_versions_are_told_to_install_one():
+    """A rank of a version without the wire format (bit-field ternary codes) against one with it."""
+    settings = PacTrainConfig().shared_settings()
+    older = {name: value for name, value in settings.items() if name != "wire_format"}
+    message = raised(SettingsMismatchError, [settings, older])
+    assert f"wire_format (rank 0: {WIRE_FORMAT}, rank 1: not set)" in message
+    assert "install the same pactrain_hvd version on every rank" in message and "pass the same" not in message
+    message = raised(SettingsMismatchError, [older, settings])  # as the older rank reads it
+    assert "a setting this rank does not know" in message and "install the same pactrain_hvd version" in message
 
 
 def test_settings_mismatch_is_a_mask_mismatch_for_code_that_catches_those():
