@@ -8,10 +8,10 @@ a unit test proves they produce the same words as these numpy reference function
   {0, 1, 2}. Biased codes are never negative, so adding words never borrows from a neighbouring digit.
 - The sum of ``N`` ranks' codes lies in [0, 2N]: one digit in base ``radix = 2N + 1``, so the sum of
   words is the word of the sums and no digit carries into the next.
-- ``lanes``, the largest ``k`` with ``radix ** k <= 2 ** 31``, digits share one int32 word: value ``i`` is digit
-  ``i % lanes`` (weight ``radix ** (i % lanes)``) of word ``i // lanes``. A summed word is at most
-  ``radix ** lanes - 1``: never negative, never past int32. The last word is padded with code 0, and unpacking
-  drops the padding.
+- One int32 word holds ``lanes`` digits, the largest ``k`` with ``radix ** k <= 2 ** 31``: value ``i`` is
+  digit ``i % lanes`` (weight ``radix ** (i % lanes)``) of word ``i // lanes``. A summed word is at most
+  ``radix ** lanes - 1``: never negative, never past int32. The last word is padded with code 0, and
+  unpacking drops the padding.
 - Decoding a summed digit ``s``: ``sum of t = s - N``; the averaged value is ``(s - N) * scale / N``.
 
 Digits use the word more fully than bit fields of ``ceil(log2(2N + 1))`` bits: 13 values per word

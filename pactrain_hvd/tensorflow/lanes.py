@@ -1,9 +1,10 @@
 """Ternary lanes in TF ops, following the digit layout of ``pactrain_hvd.core.lanes``.
 
 Mirrors the numpy reference functions there, vectorised: codes reshaped to ``[words, lanes]``,
-weighted by the digits' powers and summed; summed words divided by the powers, modulo the radix. Every function takes a
-``core.lanes.LaneLayout`` (the world size known when the graph is traced) or a ``TensorLayout``
-(the world size read when the graph runs, as Horovod elastic needs: ``layout_for(hvd.size_op())``).
+weighted by the digits' powers and summed; summed words divided by the powers, modulo the radix.
+Every function takes a ``core.lanes.LaneLayout`` (the world size known when the graph is traced) or a
+``TensorLayout`` (the world size read when the graph runs, as Horovod elastic needs:
+``layout_for(hvd.size_op())``).
 """
 
 from __future__ import annotations
