@@ -268,9 +268,7 @@ def mean(values: list[float]) -> float:
 
 def markdown_table(runs: list[dict], task: Task, borrowed_dense: Sequence[dict] = ()) -> str:
     groups = grouped(runs, task)
-    seeds = {r["seed"] for g in groups.values() for r in g}
-    dense = groups.get(DENSE) or [r for r in grouped(list(borrowed_dense), task).get(DENSE, []) if r["seed"] in seeds]
-    dense_metric = mean([r[task.metric] for r in dense]) if dense else None
+    dense = groups.get(DENSE) or grouped(list(borrowed_dense), task).get(DENSE, [])
     parameters = next((r["parameters"] for g in groups.values() for r in g if "parameters" in r), None)
     lines = [f"### {task.label}", "", f"{parameters:,} parameters." if parameters else "", "",
              f"| sparsity | ranking | values | window | updates | lr | reached | {task.metric} (mean) | per seed | vs dense | "
@@ -278,6 +276,9 @@ def markdown_table(runs: list[dict], task: Task, borrowed_dense: Sequence[dict] 
              "|---:|---|---|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for (sparsity, values, ranking, window, updates, lr_schedule), group in groups.items():
         metric = mean([r[task.metric] for r in group])
+        seeds = {r["seed"] for r in group}  # a row of fewer seeds than the dense runs compares with its own
+        same_seeds = [r[task.metric] for r in dense if r["seed"] in seeds]
+        dense_metric = mean(same_seeds) if same_seeds else None
         if dense_metric is None:
             delta = "n/a"
         elif task.higher_is_better:

@@ -132,6 +132,9 @@ def test_dense_from_another_report_sets_vs_dense_with_the_same_seeds_only(tmp_pa
     assert [r["seed"] for r in borrowed] == [1, 2, 3]
     table = accuracy.markdown_table([made_up(0.98, 1, 0.911), made_up(0.98, 2, 0.91)], accuracy.TASKS["image"], borrowed)
     assert "| 0.9105 | 0.9110, 0.9100 | -1.45 pp |" in table  # against seeds 1 and 2 (0.925), not seed 3
+    table = accuracy.markdown_table([made_up(0.98, 1, 0.911), made_up(0.98, 2, 0.91), made_up(0.95, 1, 0.915)],
+                                    accuracy.TASKS["image"], borrowed)
+    assert "| 0.9150 | 0.9150 | -0.50 pp |" in table  # a row of seed 1 only: against seed 1 (0.92)
     with pytest.raises(SystemExit, match="same protocol"):
         accuracy.dense_runs(baseline, dict(settings, epochs=5))
     with pytest.raises(SystemExit, match="no such file"):
