@@ -10,6 +10,7 @@ the setup's data. Then every rank asserts that the model's weights are bitwise t
 that every pruned weight is exactly 0, and prints ``ok <page>:<line> ...``.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -215,7 +216,11 @@ def main(kind: str) -> None:
             print(f"ok {block.id} [rank {dist.get_rank()}]: {result}", flush=True)
             dist.barrier()
         destroy()
-        return
+        # Every check has passed. About one exit in ten of this 2-process torchrun job then aborts in C++
+        # teardown ("terminate called without an active exception"), with or without PacTrain's hook state
+        # alive; leaving without interpreter teardown keeps that out of the snippets' verdict.
+        sys.stdout.flush()
+        os._exit(0)
     check = check_torch if kind == "torch" else check_tensorflow
     for block in selected:
         result = run(block, check)
