@@ -173,8 +173,8 @@ def example_args(run: Run, args: argparse.Namespace, result_json: Path) -> list[
              "--seed", str(run.seed), "--result-json", str(result_json), "--logdir="]
     if args.fp16:
         flags.append("--fp16")
-    if ramp_steps(run.window):
-        flags += ["--prune-ramp", ramp_steps(run.window)]
+    if steps := ramp_steps(run.window):
+        flags += ["--prune-ramp", steps]
     elif run.window != DEFAULT_WINDOW:
         flags += ["--prune-window", *run.window.split("-")]
     if run.updates != RUN_MASK_UPDATES:

@@ -35,6 +35,7 @@ _SCHEDULE = ("total_steps", "begin_step", "end_step", "frequency")
 WIRE_FORMAT = 2
 _VERSION_HINT = "install the same pactrain_hvd version on every rank"
 _UNKNOWN = "a setting this rank does not know (different pactrain_hvd versions?)"
+_VERSIONED = ("wire_format", _UNKNOWN)  # differences no argument can mend: the hint is _VERSION_HINT
 
 
 def _word(data: bytes) -> int:
@@ -100,9 +101,9 @@ def check_settings(settings: Mapping[str, Setting], per_rank: Sequence[np.ndarra
     if not problems:
         return
     hints = [_SCHEDULE_HINT] if set(differing) & set(_SCHEDULE) else []
-    if set(differing) & {"wire_format", _UNKNOWN}:
+    if set(differing) & set(_VERSIONED):
         hints.append(_VERSION_HINT)
-    others = [name for name in differing if name not in (*_SCHEDULE, "wire_format", _UNKNOWN)]
+    others = [name for name in differing if name not in (*_SCHEDULE, *_VERSIONED)]
     if others:
         listed = ", ".join(others[:-1]) + " and " + others[-1] if len(others) > 1 else others[0]
         hints.append(f"pass the same {listed} on every rank")
