@@ -49,8 +49,8 @@ PACKED_VALUES_FLAG = {"fp32": "inherit"}
 DEFAULT_WINDOW = "-".join(f"{f:g}" for f in RUN_WINDOW)
 # The image task's learning-rate schedule (its model_args); the language example has its own warm-up + cosine.
 DEFAULT_LR_SCHEDULE = "cosine"
-# The dense run's setting (sparsity, values, ranking, window, updates, lr schedule): ``grouped``'s key.
-DENSE = (0.0, "fp32", "layer", DEFAULT_WINDOW, RUN_MASK_UPDATES, DEFAULT_LR_SCHEDULE)
+# The dense run's setting (sparsity, values, ranking, window, updates, lr schedule, rescaled): ``grouped``'s key.
+DENSE = (0.0, "fp32", "layer", DEFAULT_WINDOW, RUN_MASK_UPDATES, DEFAULT_LR_SCHEDULE, False)
 
 
 @dataclass(frozen=True)
@@ -107,11 +107,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="mask updates in the window (the examples' --prune-updates)")
     parser.add_argument("--lr-schedules", nargs="+", choices=("cosine", "cosine-rewind"), default=[DEFAULT_LR_SCHEDULE],
                         help="image learning-rate schedules (the example's --lr-schedule)")
+    parser.add_argument("--rescale-survivors", action="store_true",
+                        help="every pruned run rescales its survivors at step 0 (the examples' --rescale-survivors; "
+                             "windows that prune from step 0 only)")
     parser.add_argument("--out", default=str(REPO_ROOT / "reports" / "accuracy"), help="report folder")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds allowed per run")
     args = parser.parse_args(argv)
     if any(ramp_steps(w) for w in args.windows) and args.updates != [RUN_MASK_UPDATES]:
         parser.error("--updates counts mask updates in a window; a ramp re-ranks at every step: run ramps apart")
+    if args.rescale_survivors and not all(ramp_steps(w) or float(w.split("-")[0]) == 0 for w in args.windows):
+        parser.error("--rescale-survivors rescales the masks of step 0: give windows that begin at 0, or ramps")
     return args
 
 
@@ -125,6 +130,7 @@ class Run:
     window: str = DEFAULT_WINDOW
     updates: int = RUN_MASK_UPDATES
     lr_schedule: str = DEFAULT_LR_SCHEDULE
+    rescale_survivors: bool = False
 
     @property
     def name(self) -> str:
@@ -133,6 +139,7 @@ class Run:
             variant += f"-{self.window}" if ramp_steps(self.window) else f"-w{self.window}"
         variant += f"-u{self.updates}" if self.updates != RUN_MASK_UPDATES else ""
         variant += f"-{self.lr_schedule}" if self.lr_schedule != DEFAULT_LR_SCHEDULE else ""
+        variant += "-rescale" if self.rescale_survivors else ""
         return f"{self.task.name}-s{self.sparsity:g}{variant}-seed{self.seed}"
 
 
@@ -181,6 +188,8 @@ def example_args(run: Run, args: argparse.Namespace, result_json: Path) -> list[
         flags += ["--prune-updates", str(run.updates)]
     if run.lr_schedule != DEFAULT_LR_SCHEDULE:
         flags += ["--lr-schedule", run.lr_schedule]  # after model_args: the last one counts
+    if run.rescale_survivors:
+        flags.append("--rescale-survivors")
     if run.task.name.startswith("image"):
         flags += ["--epochs", str(args.epochs)] + (["--max-steps", str(args.max_steps)] if args.max_steps else [])
     else:
@@ -196,10 +205,11 @@ def planned_runs(args: argparse.Namespace) -> list[Run]:
     for name in args.tasks:
         for sparsity in args.sparsities:
             schedules = args.lr_schedules if name == "image" else [DEFAULT_LR_SCHEDULE]  # the LM has its own
-            variants = ([DENSE[1:]] if sparsity == 0 else
+            variants = ([DENSE[1:6]] if sparsity == 0 else
                         [(v, r, w, u, lr) for lr in schedules for u in args.updates for w in args.windows
                          for r in args.rankings for v in args.values])
-            runs += [Run(TASKS[name], sparsity, v, r, seed, w, u, lr) for v, r, w, u, lr in variants for seed in args.seeds]
+            runs += [Run(TASKS[name], sparsity, v, r, seed, w, u, lr, args.rescale_survivors and sparsity > 0)
+                     for v, r, w, u, lr in variants for seed in args.seeds]
     return runs
 
 
@@ -232,7 +242,8 @@ def run_one(run: Run, args: argparse.Namespace, out: Path) -> dict:
             returncode = "timeout"
     seconds = time.perf_counter() - started
     base = {"name": run.name, "task": run.task.name, "sparsity_target": run.sparsity, "values": run.values, "ranking": run.ranking,
-            "window": run.window, "updates": run.updates, "lr_schedule": run.lr_schedule, "seed": run.seed, "launcher_seconds": seconds, "log": str(log_path)}
+            "window": run.window, "updates": run.updates, "lr_schedule": run.lr_schedule,
+            "rescale_survivors": run.rescale_survivors, "seed": run.seed, "launcher_seconds": seconds, "log": str(log_path)}
     if returncode != 0 or not result_json.is_file():
         tail = log_path.read_text(errors="replace").splitlines()[-15:]
         print(f"[accuracy] {run.name} FAILED ({returncode}); last lines of {log_path}:\n  " + "\n  ".join(tail),
@@ -250,11 +261,11 @@ def run_one(run: Run, args: argparse.Namespace, out: Path) -> dict:
 def settings_of(run: dict) -> tuple:
     return (run["task"], run["sparsity_target"], run.get("values", "fp32"), run.get("ranking", "layer"),
             run.get("window", DEFAULT_WINDOW), run.get("updates", RUN_MASK_UPDATES),
-            run.get("lr_schedule", DEFAULT_LR_SCHEDULE))
+            run.get("lr_schedule", DEFAULT_LR_SCHEDULE), run.get("rescale_survivors", False))
 
 
 def grouped(runs: list[dict], task: Task) -> dict[tuple, list[dict]]:
-    """Finished runs of ``task`` by setting (sparsity, values, ranking, window, updates, lr schedule), seeds together, in run order."""
+    """Finished runs of ``task`` by setting (``DENSE``'s fields), seeds together, in run order."""
     groups: dict[tuple, list[dict]] = {}
     for run in runs:
         if run["task"] == task.name and "error" not in run:
@@ -274,7 +285,7 @@ def markdown_table(runs: list[dict], task: Task, borrowed_dense: Sequence[dict] 
              f"| sparsity | ranking | values | window | updates | lr | reached | {task.metric} (mean) | per seed | vs dense | "
              "sent MB/run | kB/step, final masks | dense kB/step | train s (mean) |",
              "|---:|---|---|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"]
-    for (sparsity, values, ranking, window, updates, lr_schedule), group in groups.items():
+    for (sparsity, values, ranking, window, updates, lr_schedule, rescaled), group in groups.items():
         metric = mean([r[task.metric] for r in group])
         seeds = {r["seed"] for r in group}  # a row of fewer seeds than the dense runs compares with its own
         same_seeds = [r[task.metric] for r in dense if r["seed"] in seeds]
@@ -291,7 +302,7 @@ def markdown_table(runs: list[dict], task: Task, borrowed_dense: Sequence[dict] 
         per_step = [r["final_bytes_per_step"] for r in exact or group if r.get("final_bytes_per_step")]
         dense_per_step = mean([r["dense_bytes"] / r["steps"] for r in group])
         lines.append(
-            f"| {sparsity:g} | {ranking} | {values} | {window} | {'every step' if ramp_steps(window) else updates} | {lr_schedule if task.name.startswith('image') else 'its own'} | {mean([r['sparsity'] for r in group]):.3f} | {metric:.4f} | "
+            f"| {sparsity:g} | {ranking} | {values} | {window}{', rescaled' if rescaled else ''} | {'every step' if ramp_steps(window) else updates} | {lr_schedule if task.name.startswith('image') else 'its own'} | {mean([r['sparsity'] for r in group]):.3f} | {metric:.4f} | "
             + ", ".join(f"{r[task.metric]:.4f}" for r in group) + f" | {delta} | "
             f"{mean([r['sent_bytes'] for r in group]) / 1e6:.0f} | "
             + (f"{mean(per_step) / 1e3:.0f}" if per_step else "n/a")
@@ -311,7 +322,9 @@ def write_markdown(path: Path, runs: list[dict], settings: dict) -> None:
         + (f" (at most {settings['lm_max_steps']} steps)" if settings["lm_max_steps"] else "")
         + f", the example's recipe (AdamW beta2 0.99, warm-up over 5 % then cosine, clipping at norm 1); `--fp16`: {settings['fp16']}. Pruning runs from 10 % to 60 % of the steps "
         "(`total_steps=`, the default window) unless the *window* column says otherwise; *rampN*: packed from the first "
-        "step, sparsity 0.5 at step 0 rising to the final at step N, masks re-ranked at every step (`pt.short_ramp`).", "",
+        "step, sparsity 0.5 at step 0 rising to the final at step N, masks re-ranked at every step (`pt.short_ramp`)"
+        + ("; *rescaled*: the survivors of step 0's masks take their tensor's norm (`rescale_survivors=True`)."
+           if any(r.get("rescale_survivors") for r in runs) else "."), "",
         "*sent MB/run*: bytes each worker handed to the all-reduce over the run; *kB/step, final masks*: the same "
         "per step in the last epoch; *dense kB/step*: a dense all-reduce of every gradient; *train s*: the "
         "example's training-loop time."

@@ -8,7 +8,8 @@ the run (``pactrain-0.9-fp16-w0-0.3``: from step 0 to 30 % of ``total_steps``); 
 product's default window applies. ``-w0-0`` is sparse from the first step: the masks are ranked once, before
 step 0's all-reduce, so no step sends a prunable tensor dense (``pt.ConstantSparsity``). ``-ramp50`` in its place
 is a short ramp, packed from step 0 as well: 0.5 at step 0 to the sparsity at step 50, masks re-ranked at every
-step (``pt.short_ramp``). ``ddp``-prefixed names are the same methods on torch
+step (``pt.short_ramp``). A name pruned at step 0 may end in ``-rescale``: the survivors of step 0's masks take
+their tensor's norm (``rescale_survivors=True``). ``ddp``-prefixed names are the same methods on torch
 DistributedDataParallel with its comm hooks (``bench/ddp_methods.py``): ``ddp`` (DDP's own all-reduce),
 ``ddp-fp16`` (``fp16_compress_hook``), ``ddp-powersgd`` (torch's ``powerSGD_hook``), ``ddp-pactrain-0.9-fp16``
 (``pt.ddp.pactrain_hook``). ``tf-``-prefixed names run in TensorFlow, a ``tf.function`` tape loop
@@ -47,6 +48,7 @@ class MethodSpec:
     window: tuple[float, float] | None = None  # PacTrain: (begin, end) as fractions of the run
     ramp: int | None = None  # PacTrain: a short ramp of this many steps from step 0 (``pt.short_ramp``)
     local_steps: int = 0  # PacTrain: steps every rank trains alike on the same batches, uncommunicated, before masks
+    rescale_survivors: bool = False  # PacTrain: ``rescale_survivors=True`` (a name ending in ``-rescale``)
     frontend: str = "horovod"  # horovod | ddp | tf (a tape loop) | keras (model.fit)
 
     @property
@@ -81,7 +83,7 @@ def parse_method(name: str) -> MethodSpec:
         if rank < 1:
             raise ValueError(f"method {name!r}: PowerSGD rank must be >= 1")
         return MethodSpec(name, "powersgd", rank=rank)
-    if match := re.fullmatch(r"pactrain-(0?\.\d+)(-fp16|-ternary)?(?:-w(\d*\.?\d+)-(\d*\.?\d+)|-ramp(\d+))?(?:-local(\d+))?",
+    if match := re.fullmatch(r"pactrain-(0?\.\d+)(-fp16|-ternary)?(?:-w(\d*\.?\d+)-(\d*\.?\d+)|-ramp(\d+))?(?:-local(\d+))?(-rescale)?",
                              name):
         window = (float(match.group(3)), float(match.group(4))) if match.group(3) else None
         if window is not None and not 0 <= window[0] <= window[1] <= 1:
@@ -89,9 +91,9 @@ def parse_method(name: str) -> MethodSpec:
         ramp = int(match.group(5)) if match.group(5) else None
         return MethodSpec(name, "pactrain", sparsity=float(match.group(1)), fp16_values=match.group(2) == "-fp16",
                           ternary_values=match.group(2) == "-ternary", window=window, ramp=ramp,
-                          local_steps=int(match.group(6) or 0))
+                          local_steps=int(match.group(6) or 0), rescale_survivors=bool(match.group(7)))
     raise ValueError(f"unknown method {name!r}: use dense, fp16, topk[-DENSITY], powersgd[-rRANK], "
-                     "pactrain-SPARSITY[-fp16|-ternary][-wBEGIN-END|-rampSTEPS][-localSTEPS], each also as ddp-NAME (ddp alone: dense); "
+                     "pactrain-SPARSITY[-fp16|-ternary][-wBEGIN-END|-rampSTEPS][-localSTEPS][-rescale], each also as ddp-NAME (ddp alone: dense); "
                      "dense, fp16 and pactrain also as tf-NAME (tape loop) and keras-NAME (model.fit)")
 
 
@@ -103,11 +105,12 @@ def worker_module(spec: MethodSpec) -> str:
 def pruning_schedule(spec: MethodSpec, total_steps: int | None) -> dict:
     """PacTrain's schedule arguments: a short ramp from step 0 (``spec.ramp``), or over ``total_steps`` (in
     ``spec.window`` if it has one), else prune at step 0."""
+    rescale = {"rescale_survivors": True} if spec.rescale_survivors else {}
     if spec.ramp is not None:
-        return {"schedule": short_ramp(spec.sparsity, spec.ramp)}
+        return {"schedule": short_ramp(spec.sparsity, spec.ramp), **rescale}
     if not total_steps:
-        return {"begin_step": 0, "end_step": 0}
-    schedule = {"total_steps": total_steps}
+        return {"begin_step": 0, "end_step": 0, **rescale}
+    schedule = {"total_steps": total_steps, **rescale}
     if spec.window:
         schedule.update(begin_step=int(spec.window[0] * total_steps), end_step=int(spec.window[1] * total_steps))
     return schedule

@@ -25,17 +25,21 @@ def add_pactrain_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prune-ramp", type=int, default=None, metavar="STEPS",
                         help="packed from the first step: sparsity 0.5 at step 0 rising to --sparsity at step STEPS, "
                              "masks re-ranked at every step (instead of the other --prune-* flags)")
+    parser.add_argument("--rescale-survivors", action="store_true",
+                        help="pruned at step 0 (--prune-window 0 0, --prune-ramp): the survivors of the first masks "
+                             "take their tensor's norm, as suits a freshly initialised model")
 
 
-def schedule_arguments(args: argparse.Namespace, total_steps: int) -> dict[str, int | None]:
+def schedule_arguments(args: argparse.Namespace, total_steps: int) -> dict[str, int | bool | None]:
     """``pt.DistributedOptimizer``'s schedule arguments for a run of ``total_steps`` optimizer steps."""
+    rescale = {"rescale_survivors": True} if args.rescale_survivors else {}
     begin, end = args.prune_begin, args.prune_end
     if args.prune_ramp is not None:
         if any(value is not None for value in (begin, end, args.prune_window, args.prune_frequency, args.prune_updates)):
             raise SystemExit("--prune-ramp replaces the other --prune-* flags: give it alone")
         if args.prune_ramp < 0:
             raise SystemExit(f"--prune-ramp must be >= 0 steps, got {args.prune_ramp}")
-        return {"schedule": short_ramp(args.sparsity, args.prune_ramp)}
+        return {"schedule": short_ramp(args.sparsity, args.prune_ramp), **rescale}
     if args.prune_window is not None:
         if begin is not None or end is not None:
             raise SystemExit("--prune-window replaces --prune-begin and --prune-end: give one or the other")
@@ -51,4 +55,4 @@ def schedule_arguments(args: argparse.Namespace, total_steps: int) -> dict[str, 
             raise SystemExit(f"--prune-updates must be > 0, got {args.prune_updates}")
         first_step, last_step, _ = schedule_steps(total_steps, begin, end)
         frequency = max(1, (last_step - first_step) // args.prune_updates)
-    return {"total_steps": total_steps, "begin_step": begin, "end_step": end, "frequency": frequency}
+    return {"total_steps": total_steps, "begin_step": begin, "end_step": end, "frequency": frequency, **rescale}

@@ -18,6 +18,7 @@ from pactrain_hvd.core.masks import (
     num_to_keep,
     overall_sparsity,
     prunable_predicate,
+    survivor_scales,
     validate_mask,
     validate_masks,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "rewound_cosine",
     "short_ramp",
     "should_pack",
+    "survivor_scales",
     "validate_mask",
     "validate_masks",
 ]

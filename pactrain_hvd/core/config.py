@@ -53,10 +53,10 @@ KEYWORDS: dict[str, Any] = {
     "sparsity": DEFAULT_SPARSITY, "begin_step": None, "end_step": None, "frequency": None, "total_steps": None,
     "schedule": None, "prunable": None, "ranking": DEFAULT_RANKING, "pack_min_numel": None, "pack_max_density": None,
     "verify_every": DEFAULT_VERIFY_EVERY, "packed_values": "inherit", "masks": None, "continue_pruning": False,
-    "resume_changed_settings": False, "values": None,
+    "resume_changed_settings": False, "values": None, "rescale_survivors": False,
 }
 CONFIG_KEYWORDS = ("sparsity", "begin_step", "end_step", "frequency", "total_steps", "schedule", "ranking",
-                   "pack_min_numel", "pack_max_density", "verify_every", "resume_changed_settings")
+                   "pack_min_numel", "pack_max_density", "verify_every", "resume_changed_settings", "rescale_survivors")
 
 
 def pactrain_keywords(*, without: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
@@ -103,6 +103,8 @@ class PacTrainConfig:
     resume_changed_settings: bool = False  # load a checkpoint saved under other settings (core.resume)
     initial_sparsity: float = 0.0  # the schedule's sparsity at begin_step (a schedule object's)
     power: int = 3
+    # A fresh model pruned before its first update: survivors take their tensor's norm (core.survivor_scales).
+    rescale_survivors: bool = False
 
     def __post_init__(self) -> None:
         for name in ("sparsity", "begin_step", "end_step", "frequency", "pack_min_numel", "pack_max_density",
@@ -128,7 +130,14 @@ class PacTrainConfig:
             raise TypeError(f"resume_changed_settings must be a bool, got {self.resume_changed_settings!r}")
         if self.verify_every < 0:
             raise ValueError(f"verify_every must be >= 0 (0: only at mask changes), got {self.verify_every!r}")
-        _ = self.schedule  # validates begin_step, end_step, frequency
+        schedule = self.schedule  # validates begin_step, end_step, frequency
+        if not isinstance(self.rescale_survivors, bool):
+            raise TypeError(f"rescale_survivors must be a bool, got {self.rescale_survivors!r}")
+        if self.rescale_survivors and not (schedule.is_update_step(0) and schedule.target(0) > 0):
+            raise ValueError("rescale_survivors=True needs a schedule that prunes at step 0, before the first update "
+                             "(schedule=ConstantSparsity(...), or begin_step=0 with initial_sparsity > 0): it rescales "
+                             f"a freshly initialised model once, and this schedule first prunes at step {schedule.begin_step}"
+                             + (" to sparsity 0" if schedule.begin_step == 0 else ""))
 
     @classmethod
     def from_arguments(cls, pack_min_numel: int | None = None, pack_max_density: float | None = None,
@@ -167,7 +176,7 @@ class PacTrainConfig:
                 "frequency": self.frequency, "sparsity": float(self.sparsity), "ranking": self.ranking,
                 "pack_min_numel": self.pack_min_numel, "pack_max_density": float(self.pack_max_density),
                 "verify_every": self.verify_every, "initial_sparsity": float(self.initial_sparsity), "power": self.power,
-                "wire_format": WIRE_FORMAT}
+                "rescale_survivors": self.rescale_survivors, "wire_format": WIRE_FORMAT}
 
     def verifies_at(self, step: int) -> bool:
         """Whether ``step`` has a periodic Mask Tracker check (every ``verify_every`` steps; 0: none)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -105,6 +106,23 @@ def magnitude_masks(
             flat[name] = part
             offset += scores[name].size
     return {name: flat[name].reshape(np.shape(weights[name])) for name in weights}
+
+
+def survivor_scales(weights: Mapping[str, np.ndarray], masks: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """Per masked tensor, the factor that gives its survivors the tensor's whole norm:
+    ``sqrt(sum(w**2) / sum((w * mask)**2))`` (1 where nothing is pruned or no survivor is nonzero).
+
+    Applied once to a freshly initialised model pruned before its first update, it keeps each layer's output
+    at the scale its initialiser chose: the largest 5 % of a uniform initialisation hold about 14 % of its
+    squared norm, so at sparsity 0.95 a pruned layer's outputs would start 2.6x smaller.
+    """
+    scales = {}
+    for name, mask in masks.items():
+        weight = np.asarray(weights[name], dtype=np.float64)
+        whole = float(np.square(weight).sum())
+        kept = float(np.square(weight[np.asarray(mask, dtype=bool)]).sum())
+        scales[name] = math.sqrt(whole / kept) if kept > 0 and whole > kept else 1.0
+    return scales
 
 
 def validate_mask(name: str, mask: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

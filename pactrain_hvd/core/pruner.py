@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from pactrain_hvd.core.fingerprint import check_fingerprints, fingerprint_table, mask_fingerprint
-from pactrain_hvd.core.masks import magnitude_masks, not_finite, overall_sparsity, validate_masks
+from pactrain_hvd.core.masks import magnitude_masks, not_finite, overall_sparsity, survivor_scales, validate_masks
 from pactrain_hvd.core.schedule import PolynomialSchedule
 
 
@@ -103,6 +103,10 @@ class HostPruner:
         local = fingerprint_table(numels, fingerprints, step, self.weight_sums(weights), self.settings, not_finite)
         gathered, size = self.allgather(local)
         check_fingerprints(self.prunable_names, gathered, size, self.framework, self.hint, self.settings)
+
+    def survivor_scales(self, masks: Mapping[str, np.ndarray] | None = None) -> dict[str, float]:
+        """``core.survivor_scales`` of ``masks`` (else the held ones) on the weights now, before they are zeroed."""
+        return survivor_scales(self.host_weights(), self.host_masks() if masks is None else masks)
 
     def sparsity(self) -> float:
         """Fraction of pruned coordinates over all prunable tensors."""

@@ -60,6 +60,7 @@ class Binding:
                 if self._ternary is not None:
                     self._ternary.track(name)
         self._sent_bytes.assign(-tf.ones([len(self._names)], tf.int64))
+        self._survivor_scales.assign(tf.ones([len(self._names)]))
         if own_masks:
             self.set_masks(own_masks)  # proven equal on all ranks at the first step
         if self._pending_restore is not None:

@@ -59,11 +59,18 @@ class Maintenance:
 
     def _zero_pruned(self) -> tf.Tensor:
         """Pruned weights and their optimizer slots (momentum, Adam moments) become 0, so nothing
-        revives them; reads the mask variables, eagerly or as graph ops."""
-        for name, compressor in self._compressors.items():
+        revives them, and survivors take the factors ``_survivor_scales`` holds (then 1 again); reads the
+        variables, eagerly or as graph ops."""
+        for position, name in enumerate(self._names):
+            compressor = self._compressors.get(name)
+            if compressor is None:
+                continue
             weight = self._pruner.variables[name]
-            for variable in (weight, *optimizer_slots(self.optimizer, weight)):
-                variable.assign(tf.where(compressor.mask, variable, tf.zeros_like(variable)))
+            scale = tf.cast(self._survivor_scales[position], weight.dtype)
+            weight.assign(tf.where(compressor.mask, weight * scale, tf.zeros_like(weight)))
+            for slot in optimizer_slots(self.optimizer, weight):
+                slot.assign(tf.where(compressor.mask, slot, tf.zeros_like(slot)))
+        self._survivor_scales.assign(tf.ones_like(self._survivor_scales))
         return tf.constant(True)
 
     def request_verification(self) -> None:
@@ -92,7 +99,11 @@ class Maintenance:
             if self.optimizer is None and not self._pruner.masks:
                 warnings.warn("PacTrainState has no optimizer: its slots (momentum, Adam moments) will not be "
                               "cleared at pruned coordinates. Pass optimizer=...", stacklevel=3)
-            self._install(self._pruner.rank(step), zero_now)
+            masks = self._pruner.rank(step)
+            if step == 0 and self.config.rescale_survivors and not self._pruner.masks:  # applied with the zeroing
+                scales = self._pruner.survivor_scales(masks)
+                self._survivor_scales.assign([scales.get(name, 1.0) for name in self._names])
+            self._install(masks, zero_now)
         elif due == VERIFY:
             self._pruner.verify(step)
         self.cycle.maintained(step)

@@ -82,7 +82,7 @@ class PacTrainState(Binding, Maintenance, HorovodEngine, tf.train.experimental.P
     the steps (``pt.ConstantSparsity(0.95)``: sparse from the first step; ``pt.PolynomialDecay``;
     ``pt.short_ramp``); a schedule that prunes at step 0 ranks the masks before step 0's reduction, from
     the weights every rank holds then, so broadcast the variables before the first step (a difference
-    is caught by the Mask Tracker at step 0). ``optimizer``: whose slots (momentum, Adam
+    is caught by the Mask Tracker at step 0); ``rescale_survivors`` as in torch. ``optimizer``: whose slots (momentum, Adam
     moments) are zeroed at newly pruned coordinates when masks change. ``masks``: bring your own
     mask, ``{variable name: bool mask}`` or a model wrapped by tfmot's ``prune_low_magnitude``;
     fixed (the schedule is off) unless ``continue_pruning=True`` (see ``core.own_masks``).
@@ -175,6 +175,9 @@ class PacTrainState(Binding, Maintenance, HorovodEngine, tf.train.experimental.P
                                          name="pactrain_next_maintenance")
             self._sent_bytes = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False,
                                            name="pactrain_sent_bytes")
+            # Per bound variable, the factor the next zeroing applies to its survivors (1 but at rescale_survivors).
+            self._survivor_scales = tf.Variable(tf.ones([0]), shape=tf.TensorShape([None]), trainable=False,
+                                                name="pactrain_survivor_scales")
         self._communicate_eagerly = tf.function(self._communicate)
         self.traces = 0  # times the reduction was traced into a graph; mask changes add none
 

@@ -50,6 +50,10 @@ class DistributedOptimizer(HorovodEngine, StateReadings, torch.optim.Optimizer):
       ``pt.ConstantSparsity(0.95)`` (sparse from the first step: masks ranked before step 0's first
       all-reduce, from the weights as broadcast), ``pt.PolynomialDecay(...)`` (gradual, tfmot's), or
       ``pt.short_ramp(0.95, steps=50)`` (packed from step 0, re-ranked at every step of a short ramp).
+    - ``rescale_survivors``: with a schedule that prunes at step 0, scale each pruned tensor's survivors
+      once, when step 0's masks zero the rest, so that the tensor keeps its norm
+      (``pactrain_hvd.core.survivor_scales``): a freshly initialised layer keeps the output scale its
+      initialiser chose. For a model trained from scratch; not for pretrained weights.
     - ``prunable``: predicate ``(name, param) -> bool`` or glob patterns; default: >= 2-D weights.
     - ``ranking``: ``"layer"`` (each tensor to the target), ``"erk"`` (Erdős-Rényi-Kernel shares:
       large tensors pruned more) or ``"global"`` (one magnitude threshold).

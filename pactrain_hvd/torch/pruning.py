@@ -129,6 +129,12 @@ class Pruner(HostPruner):
         return cached[2]
 
     @torch.no_grad()
+    def rescale_survivors(self) -> None:
+        """Each masked tensor's survivors take its whole norm (``survivor_scales``); before ``apply_to_weights``."""
+        for name, scale in self.survivor_scales().items():
+            self.parameters[name].mul_(scale)
+
+    @torch.no_grad()
     def apply_to_weights(self) -> None:
         """Pruned weights become exactly 0 (+0.0), whatever the optimizer did."""
         for name, pruned in self.pruned.items():

@@ -229,6 +229,8 @@ class PacTrainState(PruningReadout, BroadcastCarry):
         if cycle.first_masks_due(bool(self._pruner.masks)):
             self._prune_before_reduction()  # nothing was communicated (a single process): the same masks
         if cycle.pruned_early_now and self._weights_unmasked:  # masks ranked before this step's reduction
+            if self.config.rescale_survivors:
+                self._pruner.rescale_survivors()
             self._pruner.apply_to_weights()  # autograd is done with the weights: zeroed before the update
             self._pruner.mask_gradients()
             self._weights_unmasked = False

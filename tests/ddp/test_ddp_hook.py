@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import pactrain_hvd.torch as pt
 from benchmarks.runner.jobs import free_port
-from pactrain_hvd.core import MaskMismatchError, NonFiniteWeightsError, SettingsMismatchError
+from pactrain_hvd.core import MaskMismatchError, NonFiniteWeightsError, SettingsMismatchError, survivor_scales
 
 WORLD = 2
 TIMEOUT_S = 240
@@ -142,6 +142,30 @@ def scenario_sparse_from_the_first_step():
     for name, mask in masks.items():
         assert int(mask.sum()) == round(mask.numel() * 0.1), name
         assert torch.all(dict(model.module.named_parameters())[name][~mask] == 0), name
+    same_on_all_ranks(dict(model.module.named_parameters()))
+
+
+def scenario_rescale_survivors():
+    """Step 0's survivors take their tensor's norm, once (learning rate 0: nothing else moves the weights)."""
+    torch.manual_seed(dist.get_rank())
+    model = DDP(Net(), bucket_cap_mb=0.02)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    state = pt.ddp.PacTrainHookState(model, opt, schedule=pt.ConstantSparsity(0.9), ranking="layer", pack_min_numel=0,
+                                     rescale_survivors=True)
+    model.register_comm_hook(state, pt.ddp.pactrain_hook)
+    broadcast = {name: p.detach().clone() for name, p in model.module.named_parameters()}
+    step(model, opt, 0)
+    masks = state.masks()
+    scales = survivor_scales({n: broadcast[n].numpy() for n in masks}, {n: m.numpy() for n, m in masks.items()})
+    after_step_0 = {name: p.detach().clone() for name, p in model.module.named_parameters()}
+    for name, weight in after_step_0.items():
+        expected = broadcast[name] * masks[name] * scales[name] if name in masks else broadcast[name]
+        torch.testing.assert_close(weight, expected, rtol=1e-6, atol=0)
+        if name in masks:
+            assert 1.5 < scales[name] < 2.5 and abs(weight.norm() / broadcast[name].norm() - 1) < 1e-5, name
+    step(model, opt, 1)
+    for name, weight in model.module.named_parameters():
+        assert torch.equal(weight.detach(), after_step_0[name]), name
     same_on_all_ranks(dict(model.module.named_parameters()))
 
 
@@ -307,6 +331,7 @@ SCENARIOS = {
     "settings_mismatch": (scenario_settings_that_differ_are_one_error_everywhere, ()),
     "nan_at_mask_update": (scenario_nan_at_a_mask_update_changes_no_mask, ()),
     "sparse_from_the_first_step": (scenario_sparse_from_the_first_step, ()),
+    "rescale_survivors": (scenario_rescale_survivors, ()),
     "resume": (scenario_exact_resume, ()),
 }
 

@@ -47,6 +47,22 @@ def test_a_ramp_is_a_window_with_the_examples_ramp_flag_and_masks_re_ranked_ever
             accuracy.parse_args(argv)
 
 
+def test_rescaled_survivors_are_a_variant_of_windows_that_prune_at_step_0():
+    args = accuracy.parse_args(["--tasks", "image", "--sparsities", "0", "0.95", "--seeds", "1", "--windows", "0-0",
+                                "--rescale-survivors"])
+    dense, run = accuracy.planned_runs(args)
+    assert (dense.name, run.name) == ("image-s0-seed1", "image-s0.95-erk-w0-0-rescale-seed1")
+    assert "--rescale-survivors" in accuracy.example_args(run, args, Path("r.json"))
+    assert "--rescale-survivors" not in accuracy.example_args(dense, args, Path("r.json"))
+    with pytest.raises(SystemExit):
+        accuracy.parse_args(["--windows", "0.1-0.6", "--rescale-survivors"])
+    rows = [made_up(0.0, 1, 0.92), dict(made_up(0.95, 1, 0.91), window="0-0"),
+            dict(made_up(0.95, 1, 0.915), window="0-0", rescale_survivors=True)]
+    table = accuracy.markdown_table(rows, accuracy.TASKS["image"])
+    assert "| 0.95 | layer | fp32 | 0-0 | 10 | cosine | 0.950 | 0.9100 |" in table
+    assert "| 0.95 | layer | fp32 | 0-0, rescaled | 10 | cosine | 0.950 | 0.9150 | 0.9150 | -0.50 pp |" in table
+
+
 def test_a_mask_update_count_other_than_the_default_is_a_variant_with_its_own_flag_and_row():
     args = accuracy.parse_args(["--tasks", "image", "--sparsities", "0.8", "--seeds", "1", "--updates", "10", "40"])
     runs = accuracy.planned_runs(args)

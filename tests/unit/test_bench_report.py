@@ -107,6 +107,10 @@ def test_parse_method_options_and_errors():
         parse_method("pactrain-0.9-fp16-w0.5-0.2")
     first = parse_method("pactrain-0.95-ternary-w0-0")
     assert pruning_schedule(first, 600) == {"total_steps": 600, "begin_step": 0, "end_step": 0}  # packed from step 0
+    rescaled = parse_method("pactrain-0.95-ternary-w0-0-rescale")
+    assert pruning_schedule(rescaled, 600) == {"total_steps": 600, "begin_step": 0, "end_step": 0,
+                                               "rescale_survivors": True}
+    assert not first.rescale_survivors and parse_method("pactrain-0.9-local40-rescale").local_steps == 40
     ramp = parse_method("pactrain-0.98-ternary-ramp50")
     assert (ramp.sparsity, ramp.ternary_values, ramp.window, ramp.ramp) == (0.98, True, None, 50)
     schedule = pruning_schedule(ramp, 600)["schedule"].polynomial()

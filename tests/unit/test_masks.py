@@ -11,6 +11,7 @@ from pactrain_hvd.core import (
     mask_fingerprint,
     num_to_keep,
     overall_sparsity,
+    survivor_scales,
     validate_mask,
     validate_masks,
 )
@@ -164,3 +165,21 @@ def test_default_ranking_is_erk_in_every_frontend():
         module, name = path.split(":")
         target = getattr(pytest.importorskip(module), name)
         assert inspect.signature(target).parameters["ranking"].default == "erk", path
+
+
+def test_survivor_scales_give_the_survivors_their_tensors_norm():
+    weight = np.array([[3.0, -4.0], [0.5, 0.0]])
+    mask = np.array([[True, True], [False, False]])
+    scales = survivor_scales({"w": weight, "dense": weight}, {"w": mask, "dense": np.ones_like(mask)})
+    assert scales == {"w": pytest.approx(np.sqrt(25.25 / 25)), "dense": 1.0}
+    assert np.linalg.norm(weight * mask * scales["w"]) == pytest.approx(np.linalg.norm(weight))
+
+
+def test_survivor_scales_of_a_uniform_initialisation_at_0_95_are_about_2_6():
+    weight = np.random.default_rng(0).uniform(-1, 1, (512, 512))
+    masks = magnitude_masks({"w": weight}, 0.95)
+    assert survivor_scales({"w": weight}, masks)["w"] == pytest.approx(2.65, abs=0.02)
+
+
+def test_survivor_scales_leave_a_tensor_whose_survivors_are_all_zero_alone():
+    assert survivor_scales({"w": np.zeros((4, 4))}, {"w": np.eye(4, dtype=bool)}) == {"w": 1.0}

@@ -78,3 +78,28 @@ def test_the_sparsity_argument_may_repeat_the_schedules():
 def test_schedule_objects_check_their_fields(make, message):
     with pytest.raises((TypeError, ValueError), match=message):
         make()
+
+
+@pytest.mark.parametrize("arguments", [
+    {"schedule": ConstantSparsity(0.9)},
+    {"sparsity": 0.9, "begin_step": 0, "end_step": 0},
+    {"schedule": short_ramp(0.9, steps=10)},
+])
+def test_rescale_survivors_goes_with_a_schedule_that_prunes_at_step_0(arguments):
+    config = PacTrainConfig.from_arguments(rescale_survivors=True, **arguments)
+    assert config.rescale_survivors and config.shared_settings()["rescale_survivors"] is True
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"total_steps": 1000}, "first prunes at step 100"),
+    ({"schedule": ConstantSparsity(0.9, begin_step=5)}, "first prunes at step 5"),
+    ({"schedule": PolynomialDecay(0.0, 0.9, begin_step=0, end_step=10)}, "first prunes at step 0 to sparsity 0"),
+])
+def test_rescale_survivors_is_refused_where_step_0_prunes_nothing(arguments, message):
+    with pytest.raises(ValueError, match=f"rescale_survivors=True needs a schedule that prunes at step 0.*{message}"):
+        PacTrainConfig.from_arguments(rescale_survivors=True, **arguments)
+
+
+def test_rescale_survivors_must_be_a_bool():
+    with pytest.raises(TypeError, match="rescale_survivors must be a bool, got 1"):
+        PacTrainConfig.from_arguments(rescale_survivors=1, schedule=ConstantSparsity(0.9))

@@ -68,7 +68,7 @@ class PacTrainHookState(PruningReadout):
     fp32, or fp16 under ``fp16_compress_wrapper``; ``"fp32"`` is its deprecated name), ``"fp16"``, ``"bf16"``
     (Gloo and NCCL carry bfloat16; Horovod's all-reduce does not), or ``"ternary"``, the Horovod frontend's shared-scale stochastic ternary with error feedback in int32
     lanes (one MAX all-reduce of the bucket's scale, then the codes; fp16 where lanes do not pay).
-    ``resume_changed_settings`` as in ``pt.DistributedOptimizer``. Every rank must pass the same settings:
+    ``rescale_survivors`` and ``resume_changed_settings`` as in ``pt.DistributedOptimizer``. Every rank must pass the same settings:
     the first step proves it (``SettingsMismatchError`` on every rank instead of a hang).
     """
 
@@ -158,6 +158,8 @@ class PacTrainHookState(PruningReadout):
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._verify_if_due()  # a step with no gradient sent (nothing to reduce) still checks when due
         if self.cycle.pruned_early_now:  # masks ranked before this step's first bucket: weights zeroed now
+            if self.config.rescale_survivors:
+                self._pruner.rescale_survivors()
             self._pruner.apply_to_weights()
             self._pruner.mask_gradients()
         elif self.cycle.update_due():

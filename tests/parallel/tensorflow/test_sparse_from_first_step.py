@@ -18,7 +18,7 @@ from conftest import (
 
 import pactrain_hvd.tensorflow as pt
 import pactrain_hvd.tensorflow.keras as ptk
-from pactrain_hvd.core import magnitude_masks, num_to_keep
+from pactrain_hvd.core import magnitude_masks, num_to_keep, survivor_scales
 
 
 def assert_packed(state, masks, kept=None, value_bytes=4):
@@ -63,6 +63,37 @@ def test_step_0_reduces_the_packed_bytes_of_masks_ranked_on_the_broadcast_weight
     assert verified == [0]
     assert_same_on_all_ranks(variables)
     assert_same_on_all_ranks({n: m.astype(np.uint8) for n, m in state.masks().items()}, "mask")
+
+
+@pytest.mark.parametrize("traced", [True, False], ids=["tf.function", "eager"])
+@pytest.mark.parametrize("rescale", [False, True])
+def test_rescale_survivors_gives_step_0s_survivors_their_tensors_norm_once(rescale, traced):
+    model = make_model(seed=hvd.rank())
+    hvd.broadcast_variables(list(named(model.variables).values()), root_rank=0)
+    variables = named(model.trainable_variables)
+    broadcast = {name: v.numpy().copy() for name, v in variables.items()}
+    opt = keras.optimizers.SGD(0.0)
+    state = pt.PacTrainState(schedule=pt.ConstantSparsity(0.9), ranking="layer", pack_min_numel=0, optimizer=opt,
+                             rescale_survivors=rescale)
+    step = tape_step(model, opt, state) if traced else tape_step(model, opt, state).python_function
+    step(*batch(0))
+    masks = state.masks()
+    scales = survivor_scales({name: broadcast[name] for name in masks}, masks)
+    assert all(1.5 < scale < 2.5 for scale in scales.values()), scales  # the top 10 % of a uniform init: ~1.9
+    after_step_0 = {name: v.numpy().copy() for name, v in variables.items()}
+    for name, weight in after_step_0.items():
+        if name in masks:
+            expected = broadcast[name] * masks[name] * (scales[name] if rescale else 1.0)
+            np.testing.assert_allclose(weight, expected, rtol=1e-6, atol=0)
+            norm_ratio = np.linalg.norm(weight) / np.linalg.norm(broadcast[name])
+            assert norm_ratio == pytest.approx(1.0, rel=1e-5) if rescale else norm_ratio < 0.8, name
+        else:
+            assert np.array_equal(weight, broadcast[name]), name  # only pruned tensors are rescaled
+    for number in range(1, 3):  # once: later steps (learning rate 0) leave the weights as they are
+        step(*batch(number))
+    for name, weight in variables.items():
+        assert np.array_equal(weight.numpy(), after_step_0[name]), name
+    assert_same_on_all_ranks(variables)
 
 
 def test_keras_fit_is_packed_from_the_first_step_with_ternary_values():
