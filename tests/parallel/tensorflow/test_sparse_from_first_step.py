@@ -15,10 +15,11 @@ from conftest import (
     named,
     tape_step,
 )
+from rescale_expectations import assert_rescaled_once
 
 import pactrain_hvd.tensorflow as pt
 import pactrain_hvd.tensorflow.keras as ptk
-from pactrain_hvd.core import magnitude_masks, num_to_keep, survivor_scales
+from pactrain_hvd.core import magnitude_masks, num_to_keep
 
 
 def assert_packed(state, masks, kept=None, value_bytes=4):
@@ -77,18 +78,8 @@ def test_rescale_survivors_gives_step_0s_survivors_their_tensors_norm_once(resca
                              rescale_survivors=rescale)
     step = tape_step(model, opt, state) if traced else tape_step(model, opt, state).python_function
     step(*batch(0))
-    masks = state.masks()
-    scales = survivor_scales({name: broadcast[name] for name in masks}, masks)
-    assert all(1.5 < scale < 2.5 for scale in scales.values()), scales  # the top 10 % of a uniform init: ~1.9
     after_step_0 = {name: v.numpy().copy() for name, v in variables.items()}
-    for name, weight in after_step_0.items():
-        if name in masks:
-            expected = broadcast[name] * masks[name] * (scales[name] if rescale else 1.0)
-            np.testing.assert_allclose(weight, expected, rtol=1e-6, atol=0)
-            norm_ratio = np.linalg.norm(weight) / np.linalg.norm(broadcast[name])
-            assert norm_ratio == pytest.approx(1.0, rel=1e-5) if rescale else norm_ratio < 0.8, name
-        else:
-            assert np.array_equal(weight, broadcast[name]), name  # only pruned tensors are rescaled
+    assert_rescaled_once(broadcast, after_step_0, state.masks(), rescale)
     for number in range(1, 3):  # once: later steps (learning rate 0) leave the weights as they are
         step(*batch(number))
     for name, weight in variables.items():
