@@ -350,7 +350,7 @@ def write_plot(path: Path, runs: list[dict], task_names: list[str]) -> None:
             points = {s: g for (s, *rest), g in groups.items() if tuple(rest) == variant}
             points.update({0.0: dense} if dense else {})
             xs = sorted(points)
-            axis.plot(xs, [mean([r[task.metric] for r in points[x]]) for x in xs], "o-", label=" ".join(map(str, variant)))
+            axis.plot(xs, [mean([r[task.metric] for r in points[x]]) for x in xs], "o-", label=" ".join("rescaled" if v is True else str(v) for v in variant if v is not False))
             for x in xs:
                 axis.scatter([x] * len(points[x]), [r[task.metric] for r in points[x]], s=8, color="grey")
         axis.set_title(task.label, fontsize=9)
