@@ -205,11 +205,11 @@ def planned_runs(args: argparse.Namespace) -> list[Run]:
     for name in args.tasks:
         for sparsity in args.sparsities:
             schedules = args.lr_schedules if name == "image" else [DEFAULT_LR_SCHEDULE]  # the LM has its own
-            variants = ([DENSE[1:6]] if sparsity == 0 else
-                        [(v, r, w, u, lr) for lr in schedules for u in args.updates for w in args.windows
-                         for r in args.rankings for v in args.values])
-            runs += [Run(TASKS[name], sparsity, v, r, seed, w, u, lr, args.rescale_survivors and sparsity > 0)
-                     for v, r, w, u, lr in variants for seed in args.seeds]
+            variants = ([DENSE[1:]] if sparsity == 0 else
+                        [(v, r, w, u, lr, args.rescale_survivors) for lr in schedules for u in args.updates
+                         for w in args.windows for r in args.rankings for v in args.values])
+            runs += [Run(TASKS[name], sparsity, v, r, seed, w, u, lr, rescaled)
+                     for v, r, w, u, lr, rescaled in variants for seed in args.seeds]
     return runs
 
 
