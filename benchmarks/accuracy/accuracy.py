@@ -302,7 +302,7 @@ def markdown_table(runs: list[dict], task: Task, borrowed_dense: Sequence[dict] 
         per_step = [r["final_bytes_per_step"] for r in exact or group if r.get("final_bytes_per_step")]
         dense_per_step = mean([r["dense_bytes"] / r["steps"] for r in group])
         lines.append(
-            f"| {sparsity:g} | {ranking} | {values} | {window}{', rescaled' if rescaled else ''} | {'every step' if ramp_steps(window) else updates} | {lr_schedule if task.name.startswith('image') else 'its own'} | {mean([r['sparsity'] for r in group]):.3f} | {metric:.4f} | "
+            f"| {sparsity:g} | {ranking} | {values} | {window}{', rescaled' if rescaled else ''} | {'every step' if ramp_steps(window) else updates} | {lr_label(task, lr_schedule)} | {mean([r['sparsity'] for r in group]):.3f} | {metric:.4f} | "
             + ", ".join(f"{r[task.metric]:.4f}" for r in group) + f" | {delta} | "
             f"{mean([r['sent_bytes'] for r in group]) / 1e6:.0f} | "
             + (f"{mean(per_step) / 1e3:.0f}" if per_step else "n/a")
@@ -335,6 +335,18 @@ def write_markdown(path: Path, runs: list[dict], settings: dict) -> None:
     path.write_text("\n".join(header) + "\n" + "\n\n".join(tables) + "\n")
 
 
+def lr_label(task: Task, lr_schedule: str) -> str:
+    return lr_schedule if task.name.startswith("image") else "its own"  # the LM example keeps its own schedule
+
+
+def variant_label(task: Task, values: str, ranking: str, window: str, updates: int, lr_schedule: str,
+                  rescaled: bool) -> str:
+    """A plot legend's words for one row of the report, lr named only where it can differ."""
+    words = [values, ranking, f"window {window}", "updates every step" if ramp_steps(window) else f"{updates} updates"]
+    words += [lr_schedule] if task.name.startswith("image") else []
+    return " ".join(words + (["rescaled"] if rescaled else []))
+
+
 def write_plot(path: Path, runs: list[dict], task_names: list[str]) -> None:
     import matplotlib
 
@@ -350,7 +362,7 @@ def write_plot(path: Path, runs: list[dict], task_names: list[str]) -> None:
             points = {s: g for (s, *rest), g in groups.items() if tuple(rest) == variant}
             points.update({0.0: dense} if dense else {})
             xs = sorted(points)
-            axis.plot(xs, [mean([r[task.metric] for r in points[x]]) for x in xs], "o-", label=" ".join("rescaled" if v is True else str(v) for v in variant if v is not False))
+            axis.plot(xs, [mean([r[task.metric] for r in points[x]]) for x in xs], "o-", label=variant_label(task, *variant))
             for x in xs:
                 axis.scatter([x] * len(points[x]), [r[task.metric] for r in points[x]], s=8, color="grey")
         axis.set_title(task.label, fontsize=9)

@@ -155,3 +155,14 @@ def test_dense_from_another_report_sets_vs_dense_with_the_same_seeds_only(tmp_pa
         accuracy.dense_runs(baseline, dict(settings, epochs=5))
     with pytest.raises(SystemExit, match="no such file"):
         accuracy.dense_runs(tmp_path / "missing.json", settings)
+
+
+def test_plot_legend_names_the_learning_rate_only_where_a_task_can_change_it():
+    image, language = accuracy.TASKS["image"], accuracy.TASKS["language"]
+    assert accuracy.variant_label(image, "ternary", "erk", "0-0", 10, "cosine", True) == \
+        "ternary erk window 0-0 10 updates cosine rescaled"
+    assert accuracy.variant_label(language, "fp16", "global", "0.1-0.6", 40, "cosine", False) == \
+        "fp16 global window 0.1-0.6 40 updates"
+    assert accuracy.variant_label(image, "ternary", "erk", "ramp300", 10, "cosine", False) == \
+        "ternary erk window ramp300 updates every step cosine"
+    assert accuracy.lr_label(language, "cosine") == "its own"
