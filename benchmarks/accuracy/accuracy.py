@@ -62,6 +62,11 @@ class Task:
     label: str
     higher_is_better: bool
 
+    @property
+    def takes_lr_schedule(self) -> bool:
+        """The image examples take ``--lr-schedule``; the language example keeps its own warm-up + cosine."""
+        return "--lr-schedule" in self.model_args
+
 
 # The workloads PacTrain is for (tests/unit/test_workloads.py holds their size and wire : compute ratios).
 TASKS = {
@@ -336,14 +341,14 @@ def write_markdown(path: Path, runs: list[dict], settings: dict) -> None:
 
 
 def lr_label(task: Task, lr_schedule: str) -> str:
-    return lr_schedule if task.name.startswith("image") else "its own"  # the LM example keeps its own schedule
+    return lr_schedule if task.takes_lr_schedule else "its own"
 
 
 def variant_label(task: Task, values: str, ranking: str, window: str, updates: int, lr_schedule: str,
                   rescaled: bool) -> str:
     """A plot legend's words for one row of the report, lr named only where it can differ."""
     words = [values, ranking, f"window {window}", "updates every step" if ramp_steps(window) else f"{updates} updates"]
-    words += [lr_schedule] if task.name.startswith("image") else []
+    words += [lr_schedule] if task.takes_lr_schedule else []
     return " ".join(words + (["rescaled"] if rescaled else []))
 
 
