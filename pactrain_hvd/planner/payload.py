@@ -13,7 +13,7 @@ The same rules the library and the repository's benchmark apply:
   the library's default ranking) or at the sparsity itself (``ranking="layer"``). ``core.plan.should_pack``
   decides whether a tensor travels packed; otherwise it goes whole. Packed fp32/fp16/bf16 values cost 4/2/2
   bytes each; ternary codes go ``core.lanes.ternary_layout(n).lanes`` to an int32 word plus one fp32 scale
-  per tensor (``core.lanes.SCALE_BYTES``, a MAX all-reduce), or fp16 where lanes do not fit (from 512 workers).
+  per tensor (``core.lanes.SCALE_BYTES``, a MAX all-reduce), or fp16 where lanes do not fit (from 645 workers).
   Whole tensors travel fp32 with fp32 values, fp16 otherwise (``compression=hvd.Compression.fp16``).
 """
 
