@@ -82,7 +82,7 @@ def wrap(spec: MethodSpec, model: torch.nn.Module, optimizer: torch.optim.Optimi
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         return ddp, None
     if spec.kind == "pactrain":
-        values = "ternary" if spec.ternary_values else "fp16" if spec.fp16_values else "inherit"
+        values = "fp16" if spec.fp16_values else spec.packed_values
         state = pt.ddp.PacTrainHookState(ddp, optimizer, sparsity=spec.sparsity, packed_values=values,
                                          **pruning_schedule(spec, total_steps))
         # fp16 and ternary: dense buckets in fp16 too, as the Horovod methods' Compression.fp16 sends dense tensors

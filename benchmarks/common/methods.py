@@ -3,7 +3,7 @@
 ``dense``, ``fp16``, ``topk`` (1 %; ``topk-0.001``: 0.1 %, DGC's ratio; error feedback), ``powersgd`` (rank 4;
 ``powersgd-r8``: rank 8; error feedback and warm start, compressing from the first step),
 ``pactrain-0.9`` (fp32 values), ``pactrain-0.9-fp16``, ``pactrain-0.9-ternary`` (shared-scale ternary
-codes in int32 lanes, ``packed_values="ternary"``). A PacTrain name may end in a pruning window as fractions of
+codes in int32 lanes, ``packed_values="ternary"``), ``pactrain-0.9-int3`` (codes in [-3, 3], ``"int3"``). A PacTrain name may end in a pruning window as fractions of
 the run (``pactrain-0.9-fp16-w0-0.3``: from step 0 to 30 % of ``total_steps``); without one the
 product's default window applies. ``-w0-0`` is sparse from the first step: the masks are ranked once, before
 step 0's all-reduce, so no step sends a prunable tensor dense (``pt.ConstantSparsity``). ``-ramp50`` in its place
@@ -42,7 +42,7 @@ class MethodSpec:
     kind: str  # dense | fp16 | topk | powersgd | pactrain
     sparsity: float = 0.0
     fp16_values: bool = False
-    ternary_values: bool = False
+    packed_values: str = "inherit"  # PacTrain: the packed_values= argument
     density: float = TOPK_DENSITY
     rank: int = POWERSGD_RANK
     window: tuple[float, float] | None = None  # PacTrain: (begin, end) as fractions of the run
@@ -50,6 +50,11 @@ class MethodSpec:
     local_steps: int = 0  # PacTrain: steps every rank trains alike on the same batches, uncommunicated, before masks
     rescale_survivors: bool = False  # PacTrain: ``rescale_survivors=True`` (a name ending in ``-rescale``)
     frontend: str = "horovod"  # horovod | ddp | tf (a tape loop) | keras (model.fit)
+
+    @property
+    def quantized_values(self) -> bool:
+        """PacTrain with lane-packed codes (ternary, int3); whole tensors then travel fp16."""
+        return self.packed_values != "inherit"
 
     @property
     def framework(self) -> str:
@@ -83,17 +88,18 @@ def parse_method(name: str) -> MethodSpec:
         if rank < 1:
             raise ValueError(f"method {name!r}: PowerSGD rank must be >= 1")
         return MethodSpec(name, "powersgd", rank=rank)
-    if match := re.fullmatch(r"pactrain-(0?\.\d+)(-fp16|-ternary)?(?:-w(\d*\.?\d+)-(\d*\.?\d+)|-ramp(\d+))?(?:-local(\d+))?(-rescale)?",
+    if match := re.fullmatch(r"pactrain-(0?\.\d+)(-fp16|-ternary|-int3)?(?:-w(\d*\.?\d+)-(\d*\.?\d+)|-ramp(\d+))?(?:-local(\d+))?(-rescale)?",
                              name):
         window = (float(match.group(3)), float(match.group(4))) if match.group(3) else None
         if window is not None and not 0 <= window[0] <= window[1] <= 1:
             raise ValueError(f"method {name!r}: the pruning window must be 0 <= begin <= end <= 1")
         ramp = int(match.group(5)) if match.group(5) else None
-        return MethodSpec(name, "pactrain", sparsity=float(match.group(1)), fp16_values=match.group(2) == "-fp16",
-                          ternary_values=match.group(2) == "-ternary", window=window, ramp=ramp,
+        values = (match.group(2) or "-inherit")[1:]  # fp16 values: Compression.fp16, packed values inherit it
+        return MethodSpec(name, "pactrain", sparsity=float(match.group(1)), fp16_values=values == "fp16",
+                          packed_values="inherit" if values == "fp16" else values, window=window, ramp=ramp,
                           local_steps=int(match.group(6) or 0), rescale_survivors=bool(match.group(7)))
     raise ValueError(f"unknown method {name!r}: use dense, fp16, topk[-DENSITY], powersgd[-rRANK], "
-                     "pactrain-SPARSITY[-fp16|-ternary][-wBEGIN-END|-rampSTEPS][-localSTEPS][-rescale], each also as ddp-NAME (ddp alone: dense); "
+                     "pactrain-SPARSITY[-fp16|-ternary|-int3][-wBEGIN-END|-rampSTEPS][-localSTEPS][-rescale], each also as ddp-NAME (ddp alone: dense); "
                      "dense, fp16 and pactrain also as tf-NAME (tape loop) and keras-NAME (model.fit)")
 
 

@@ -122,11 +122,11 @@ def ternary_codec(prunable: dict, compressors: list) -> Callable[[], None]:
     (its own words stand in for the sum: the same work)."""
     import horovod.torch as hvd
 
-    from pactrain_hvd.core.lanes import ternary_layout
+    from pactrain_hvd.core.lanes import quantized_layout
     from pactrain_hvd.torch.ternary import TernaryReduction, TernarySend
 
     hvd.init()
-    reduction = TernaryReduction(ternary_layout(2), hvd.global_process_set)
+    reduction = TernaryReduction(quantized_layout(2), hvd.global_process_set)
     names = {p: n for n, p in prunable.items()}
     packed = [(names[p], p, c) for p, c in compressors if c.packed]
     for _, _, compressor in packed:

@@ -65,13 +65,13 @@ def synthetic_batch(batch_size: int, seed: int) -> tuple[tf.Tensor, tf.Tensor]:
 
 def compression_of(spec: MethodSpec):
     """Horovod's compression: fp16 for ``fp16``, PacTrain with fp16 values, and ternary's dense-plan tensors."""
-    return hvd.Compression.fp16 if spec.fp16_values or spec.ternary_values else hvd.Compression.none
+    return hvd.Compression.fp16 if spec.fp16_values or spec.quantized_values else hvd.Compression.none
 
 
 def pactrain_arguments(spec: MethodSpec) -> dict:
     if spec.kind != "pactrain":
         return {"sparsity": 0.0}
-    return {"sparsity": spec.sparsity, "packed_values": "ternary" if spec.ternary_values else "inherit",
+    return {"sparsity": spec.sparsity, "packed_values": spec.packed_values,
             **pruning_schedule(spec, None)}
 
 

@@ -63,9 +63,9 @@ def make_distributed_optimizer(spec: MethodSpec, optimizer: torch.optim.Optimize
     if spec.kind == "pactrain":
         instrument(PacTrainCompressor, ("compress", "decompress"), clock)
         # Ternary's dense-plan tensors (and its dense start) travel as fp16: the cheapest honest setting.
-        compression = hvd.Compression.fp16 if spec.fp16_values or spec.ternary_values else hvd.Compression.none
+        compression = hvd.Compression.fp16 if spec.fp16_values or spec.quantized_values else hvd.Compression.none
         return pt.DistributedOptimizer(optimizer, named_parameters=named, compression=compression,
-                                       sparsity=spec.sparsity, packed_values="ternary" if spec.ternary_values else "inherit",
+                                       sparsity=spec.sparsity, packed_values=spec.packed_values,
                                        **pruning_schedule(spec, total_steps))
     raise ValueError(f"no distributed optimizer for method kind {spec.kind!r}")
 

@@ -73,7 +73,7 @@ def make_wrap(spec: MethodSpec | None, optimizer, steps: int):
         return (lambda tape: tape), None
     if spec.kind == "pactrain":
         state = pt.PacTrainState(compression=compression_of(spec), optimizer=optimizer, sparsity=spec.sparsity,
-                                 packed_values="ternary" if spec.ternary_values else "inherit",
+                                 packed_values=spec.packed_values,
                                  **pruning_schedule(spec, steps))
         return (lambda tape: pt.DistributedGradientTape(tape, state=state)), state
     return (lambda tape: hvd.DistributedGradientTape(tape, compression=compression_of(spec))), None

@@ -17,13 +17,17 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ValueEncoding:
     """``name``: the ``packed_values=`` value. ``wire``: the dtype name packed values are cast to before the
-    all-reduce (None: as ``compression`` leaves them; DDP: the bucket's). ``quantized``: stochastic codes at a
-    held scale, summed as integers in int32 lanes, with error feedback (``core.lanes``); ``wire`` is then the
-    dtype used where lanes do not pay (too many ranks)."""
+    all-reduce (None: as ``compression`` leaves them; DDP: the bucket's). ``levels``: for a quantized encoding,
+    its stochastic integer codes in [-levels, levels] at a held scale, summed in int32 lanes, with error feedback
+    (``core.lanes``); ``wire`` is then the dtype used where lanes do not pay (too many ranks). 0: not quantized."""
 
     name: str
     wire: str | None
-    quantized: bool = False
+    levels: int = 0
+
+    @property
+    def quantized(self) -> bool:
+        return self.levels > 0
 
     @property
     def own_wire(self) -> bool:
@@ -58,7 +62,8 @@ ENCODINGS: dict[str, ValueEncoding] = {encoding.name: encoding for encoding in (
     ValueEncoding("inherit", None),
     ValueEncoding("fp16", "float16"),
     ValueEncoding("bf16", "bfloat16"),
-    ValueEncoding("ternary", "float16", quantized=True),
+    ValueEncoding("ternary", "float16", levels=1),
+    ValueEncoding("int3", "float16", levels=3),
 )}
 PACKED_VALUES = tuple(ENCODINGS)
 _BY_WIRE = {encoding.wire: name for name, encoding in ENCODINGS.items() if not encoding.quantized}

@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pactrain_hvd.core.encodings import ENCODINGS
 
 KINDS = ("dense", "fp16", "topk", "powersgd", "pactrain")
-VALUES = ("fp32", "fp16", "bf16", "ternary")
+VALUES = ("fp32", "fp16", "bf16", "ternary", "int3")
 DEFAULT_TOPK_DENSITY = 0.01
 DEFAULT_POWERSGD_RANK = 4
 DEFAULT_METHODS = ("dense", "fp16", "topk", "topk-0.001", "powersgd", "pactrain-0.9", "pactrain-0.9-fp16",
                    "pactrain-0.95-fp16", "pactrain-0.95-ternary", "pactrain-0.98-ternary")
 # the planner's value names -> the library's packed_values= (fp32 values: "inherit" with no compression)
-PACKED_VALUES = {"fp32": "inherit", "fp16": "fp16", "bf16": "bf16", "ternary": "ternary"}
+PACKED_VALUES = {"fp32": "inherit", "fp16": "fp16", "bf16": "bf16", "ternary": "ternary", "int3": "int3"}
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,14 @@ class Method:
         return encoding
 
     @property
+    def levels(self) -> int:
+        """Code levels each side of 0 of PacTrain's quantized values (``core.encodings``); 0: not quantized."""
+        return ENCODINGS[self.packed_values].levels if self.kind == "pactrain" else 0
+
+    @property
     def curve_portable(self) -> bool:
         """Whether a curve measured on some number of workers holds on another (module docstring)."""
-        return self.kind in ("dense", "fp16", "powersgd") or (self.kind == "pactrain" and self.values != "ternary")
+        return self.kind in ("dense", "fp16", "powersgd") or (self.kind == "pactrain" and not self.levels)
 
     def describe(self) -> str:
         if self.kind == "dense":
@@ -94,7 +99,7 @@ def parse_method(name: str) -> Method:
         if rank < 1:
             raise ValueError(f"method {name!r}: PowerSGD rank must be >= 1")
         return Method(name, "powersgd", rank=rank)
-    pattern = r"pactrain-(\d*\.?\d+)(?:-(fp16|bf16|ternary|fp32))?(?:-w\d*\.?\d+-\d*\.?\d+|-ramp\d+)?(?:-local\d+)?"
+    pattern = r"pactrain-(\d*\.?\d+)(?:-(fp16|bf16|ternary|int3|fp32))?(?:-w\d*\.?\d+-\d*\.?\d+|-ramp\d+)?(?:-local\d+)?"
     if match := re.fullmatch(pattern, name):
         sparsity = float(match.group(1))
         if not 0 <= sparsity < 1:

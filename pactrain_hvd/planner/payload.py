@@ -12,8 +12,9 @@ The same rules the library and the repository's benchmark apply:
   ``num_to_keep(numel, share)`` at its Erdős-Rényi-Kernel share of the sparsity (``core.masks.erk_sparsities``,
   the library's default ranking) or at the sparsity itself (``ranking="layer"``). ``core.plan.should_pack``
   decides whether a tensor travels packed; otherwise it goes whole. Packed fp32/fp16/bf16 values cost 4/2/2
-  bytes each; ternary codes go ``core.lanes.ternary_layout(n).lanes`` to an int32 word plus one fp32 scale
-  per tensor (``core.lanes.SCALE_BYTES``, a MAX all-reduce), or fp16 where lanes do not fit (from 645 workers).
+  bytes each; ternary and int3 codes go ``core.lanes.quantized_layout(n, levels).lanes`` to an int32 word plus
+  one fp32 scale per tensor (``core.lanes.SCALE_BYTES``, a MAX all-reduce), or fp16 where lanes do not fit
+  (ternary from 645 workers, int3 from 215).
   Whole tensors travel fp32 with fp32 values, fp16 otherwise (``compression=hvd.Compression.fp16``).
 """
 
@@ -23,7 +24,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pactrain_hvd.core.lanes import SCALE_BYTES, ternary_layout
+from pactrain_hvd.core.lanes import SCALE_BYTES, quantized_layout
 from pactrain_hvd.core.masks import erk_sparsities, num_to_keep
 from pactrain_hvd.core.plan import DEFAULT_MAX_DENSITY, DEFAULT_MIN_NUMEL, should_pack
 from pactrain_hvd.planner.methods import Method
@@ -140,8 +141,8 @@ def traffic(method: Method, tensors: Sequence[Tensor], world_size: int, ranking:
 def _pactrain(method: Method, tensors: list[Tensor], world_size: int, ranking: str, min_numel: int,
               max_density: float) -> list[Transfer]:
     kept = pactrain_kept(method, tensors, ranking)
-    layout = ternary_layout(world_size) if method.values == "ternary" else None
-    packed_values = "fp16" if method.values == "ternary" else method.values  # ternary without lanes: fp16
+    layout = quantized_layout(world_size, method.levels) if method.levels else None
+    packed_values = "fp16" if method.levels else method.values  # quantized without lanes: fp16
     whole_values = "fp32" if method.values == "fp32" else "fp16"
     hooked = []
     for t in tensors:

@@ -1,6 +1,6 @@
 """Virtual workers: each method's per-worker arithmetic on ``N`` workers' gradients, in one process.
 
-A curve measured with Top-k or ternary values holds for the number of workers it was measured on
+A curve measured with Top-k or quantized (ternary, int3) values holds for the number of workers it was measured on
 (``Method.curve_portable``): each worker keeps its own error memory, picks its own top-k set, and rounds with
 its own noise. To get the curve for ``N`` workers without ``N`` machines, split each global batch into ``N``
 micro-batches, compute one gradient per micro-batch, and hand them to ``VirtualWorkers.reduce``: it applies
@@ -11,8 +11,8 @@ from any training loop (gradients as arrays)::
     for name, param in model.named_parameters():
         param.grad = torch.from_numpy(virtual.reduce(name, [g[name] for g in micro_batch_grads]))
 
-The arithmetic is the library's where it has one: masks are the caller's (``mask=``), ternary codes come from
-``pactrain_hvd.core.lanes`` (``local_scale``, ``stochastic_ternary``, ``pack_codes``, summed int32 words,
+The arithmetic is the library's where it has one: masks are the caller's (``mask=``), quantized codes come from
+``pactrain_hvd.core.lanes`` (``local_scale``, ``stochastic_codes``, ``pack_codes``, summed int32 words,
 ``unpack_lanes``, ``decode_sums``), held at the MAX of the previous step's local scales. Rounding noise is
 numpy's by default (``numpy.random.default_rng(NOISE_SEED + rank)``), so a virtual run equals the real one in
 distribution; given the library's own stream (``noise=``, torch's generator seeded ``NOISE_SEED + rank``, drawn in
@@ -43,8 +43,8 @@ from pactrain_hvd.core.lanes import (
     decode_sums,
     local_scale,
     pack_codes,
-    stochastic_ternary,
-    ternary_layout,
+    quantized_layout,
+    stochastic_codes,
     unpack_lanes,
 )
 from pactrain_hvd.core.plan import DEFAULT_MIN_NUMEL
@@ -90,11 +90,11 @@ class VirtualWorkers:
         mask = np.asarray(mask, dtype=bool).reshape(shape)
         survivors = [g[mask] for g in grads]
         out = np.zeros(shape, dtype=np.float32)
-        if self.method.values == "ternary" and ternary_layout(self.workers) is not None:
-            out[mask] = self._ternary(name, survivors)
+        if self.method.levels and quantized_layout(self.workers, self.method.levels) is not None:
+            out[mask] = self._quantized(name, survivors)
         elif self.method.values == "fp32":
             out[mask] = _mean(survivors)
-        else:  # fp16, bf16 (rounded as fp16 here), ternary past 256 workers
+        else:  # fp16, bf16 (rounded as fp16 here), quantized values where lanes do not fit
             out[mask] = _mean([s.astype(np.float16) for s in survivors], np.float16).astype(np.float32)
         return out
 
@@ -132,19 +132,21 @@ class VirtualWorkers:
         self.q_ts[name] = q_t
         return approximation.reshape(shape)
 
-    def _ternary(self, name: str, survivors: list[np.ndarray]) -> np.ndarray:
-        layout = ternary_layout(self.workers)
+    def _quantized(self, name: str, survivors: list[np.ndarray]) -> np.ndarray:
+        levels = self.method.levels
+        layout = quantized_layout(self.workers, levels)
         values = [s + self.memory[rank].get(name, 0.0) for rank, s in enumerate(survivors)]
-        step_max = max(local_scale(v) for v in values)
+        step_max = max(local_scale(v, levels) for v in values)
         scale = self.scales.get(name, step_max)  # held from the previous step; the first step waits for its MAX
+        step = np.float32(scale) / np.float32(levels)
         words = np.zeros(layout.words(values[0].size), dtype=np.int64)
         for rank, v in enumerate(values):
-            ternary = stochastic_ternary(v, scale, self.noise(rank, v.size))
-            self.memory[rank][name] = v - ternary.astype(np.float32) * np.float32(scale)
-            words += pack_codes(ternary.astype(np.int64) + 1, layout)  # the SUM all-reduce of int32 words
+            codes = stochastic_codes(v, scale, self.noise(rank, v.size), levels)
+            self.memory[rank][name] = v - codes.astype(np.float32) * step
+            words += pack_codes(codes.astype(np.int64) + layout.offset, layout)  # the SUM all-reduce of int32 words
         self.scales[name] = step_max
-        summed = decode_sums(unpack_lanes(words.astype(np.int32), layout, values[0].size), self.workers)
-        return summed.astype(np.float32) * np.float32(scale) / np.float32(self.workers)
+        summed = decode_sums(unpack_lanes(words.astype(np.int32), layout, values[0].size), layout)
+        return summed.astype(np.float32) * np.float32(scale) / (np.float32(self.workers) * np.float32(levels))
 
 
 def _mean(arrays: list[np.ndarray], dtype=np.float32) -> np.ndarray:

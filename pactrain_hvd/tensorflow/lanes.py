@@ -1,4 +1,4 @@
-"""Ternary lanes in TF ops, following the digit layout of ``pactrain_hvd.core.lanes``.
+"""Quantized lanes in TF ops, following the digit layout of ``pactrain_hvd.core.lanes``.
 
 Mirrors the numpy reference functions there, vectorised: codes reshaped to ``[words, lanes]``,
 weighted by the digits' powers and summed; summed words divided by the powers, modulo the radix.
@@ -13,26 +13,31 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from pactrain_hvd.core.lanes import CODE_OFFSET, SCALE_OVER_MEAN, WORD_LIMIT, LaneLayout, lane_layout
+from pactrain_hvd.core.lanes import STEP_OVER_MEAN, WORD_LIMIT, LaneLayout, lane_layout
 
 
 class TensorLayout(NamedTuple):
-    """``core.lanes.LaneLayout`` as int32 scalars computed in the graph."""
+    """``core.lanes.LaneLayout`` as int32 scalars computed in the graph (``levels`` stays a Python int)."""
 
     world_size: tf.Tensor
     radix: tf.Tensor
     lanes: tf.Tensor
+    levels: int = 1
+
+    @property
+    def offset(self) -> int:
+        return self.levels
 
 
-def layout_for(world_size: int | tf.Tensor) -> LaneLayout | TensorLayout:
+def layout_for(world_size: int | tf.Tensor, levels: int = 1) -> LaneLayout | TensorLayout:
     """The layout of ``core.lanes.lane_layout``; a ``TensorLayout`` when ``world_size`` is a tensor."""
     if isinstance(world_size, int):
-        return lane_layout(world_size)
+        return lane_layout(world_size, levels)
     world_size = tf.cast(world_size, tf.int32)
-    radix = 2 * world_size + 1
+    radix = 2 * levels * world_size + 1
     # The most digits k with radix ** k <= 2 ** 31; at most 19 (radix 3), and float64 powers are exact up to 2 ** 53.
     powers = tf.pow(tf.cast(radix, tf.float64), tf.range(1, 20, dtype=tf.float64))
-    return TensorLayout(world_size, radix, tf.reduce_sum(tf.cast(powers <= WORD_LIMIT, tf.int32)))
+    return TensorLayout(world_size, radix, tf.reduce_sum(tf.cast(powers <= WORD_LIMIT, tf.int32)), levels)
 
 
 def _powers(layout: LaneLayout | TensorLayout) -> tf.Tensor:
@@ -41,16 +46,19 @@ def _powers(layout: LaneLayout | TensorLayout) -> tf.Tensor:
     return tf.math.cumprod(tf.fill([layout.lanes], layout.radix), exclusive=True)
 
 
-def local_scale(values: tf.Tensor) -> tf.Tensor:
+def local_scale(values: tf.Tensor, levels: int = 1) -> tf.Tensor:
     """This rank's proposal for the tensor's scale, 0 for no values (see core ``local_scale``)."""
     mean = tf.math.divide_no_nan(tf.reduce_sum(tf.abs(values)), tf.cast(tf.size(values), values.dtype))
-    return SCALE_OVER_MEAN * mean
+    return levels * STEP_OVER_MEAN * mean
 
 
-def stochastic_ternary(values: tf.Tensor, scale: tf.Tensor, noise: tf.Tensor) -> tf.Tensor:
-    """``sign(v)`` with probability ``min(1, |v| / scale)``, else 0, as int8 (see core ``stochastic_ternary``)."""
-    keep = noise * scale < tf.abs(values)
-    return tf.cast(tf.sign(values) * tf.cast(keep, values.dtype), tf.int8)
+def stochastic_codes(values: tf.Tensor, scale: tf.Tensor, noise: tf.Tensor, levels: int = 1) -> tf.Tensor:
+    """Codes in [-levels, levels] at the step ``scale / levels``, as int8 (see core ``stochastic_codes``)."""
+    step = scale / float(levels)
+    magnitude = tf.abs(values)
+    whole = tf.floor(tf.math.divide_no_nan(magnitude, step))
+    up = tf.cast(noise * step < magnitude - whole * step, values.dtype)
+    return tf.cast(tf.sign(values) * tf.minimum(whole + up, float(levels)), tf.int8)
 
 
 def pack_codes(codes: tf.Tensor, layout: LaneLayout | TensorLayout) -> tf.Tensor:
@@ -68,11 +76,11 @@ def unpack_lanes(words: tf.Tensor, layout: LaneLayout | TensorLayout, count: int
     return tf.reshape(digits, [-1])[:count]
 
 
-def encode(ternary: tf.Tensor, layout: LaneLayout | TensorLayout) -> tf.Tensor:
-    """Ternary values -> int32 words of biased codes."""
-    return pack_codes(tf.cast(ternary, tf.int32) + CODE_OFFSET, layout)
+def encode(codes: tf.Tensor, layout: LaneLayout | TensorLayout) -> tf.Tensor:
+    """Codes in [-levels, levels] -> int32 words of biased codes."""
+    return pack_codes(tf.cast(codes, tf.int32) + layout.offset, layout)
 
 
 def decode(words: tf.Tensor, layout: LaneLayout | TensorLayout, count: int | tf.Tensor) -> tf.Tensor:
-    """Words summed over ``layout.world_size`` ranks -> the sum of their ternary values, as int32."""
-    return unpack_lanes(words, layout, count) - CODE_OFFSET * layout.world_size
+    """Words summed over ``layout.world_size`` ranks -> the sum of their codes, as int32."""
+    return unpack_lanes(words, layout, count) - layout.offset * layout.world_size

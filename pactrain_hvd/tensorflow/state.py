@@ -47,7 +47,7 @@ from pactrain_hvd.core.agreement import horovod_settings
 from pactrain_hvd.core.config import pactrain_keywords, reduce_op_name
 from pactrain_hvd.core.cycle import PruningCycle
 from pactrain_hvd.core.encodings import ENCODINGS, packed_values_argument
-from pactrain_hvd.core.lanes import ternary_layout
+from pactrain_hvd.core.lanes import quantized_layout
 from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
 from pactrain_hvd.tensorflow import checkpoint
 from pactrain_hvd.tensorflow.arguments import checked_arguments
@@ -90,9 +90,10 @@ class PacTrainState(Binding, Maintenance, HorovodEngine, tf.train.experimental.P
     or ``packed_values`` (with a warning) instead of raising ``CheckpointError``. Every rank must pass the
     same settings: the first step proves it (``SettingsMismatchError`` on every rank instead of a hang).
     ``packed_values``: how packed values travel, as in torch: ``"inherit"`` as ``compression`` says,
-    ``"fp16"``, or ``"ternary"`` (shared-scale stochastic ternary with error feedback in int32 lanes, fp16
-    beyond 644 ranks; op Average or Sum); ``values=`` is its deprecated old name. Dense-plan and unpruned
-    tensors travel as ``compression`` says. ``"fp16"`` and ``"ternary"`` are not combinable with ``groups``:
+    ``"fp16"``, ``"ternary"`` or ``"int3"`` (shared-scale stochastic codes in {-1, 0, 1} or [-3, 3] with
+    error feedback in int32 lanes, fp16 beyond 644 or 214 ranks; op Average or Sum); ``values=`` is its
+    deprecated old name. Dense-plan and unpruned tensors travel as ``compression`` says. ``"fp16"``,
+    ``"ternary"`` and ``"int3"`` are not combinable with ``groups``:
     a pruned tensor's plan, hence its wire, is chosen when the step runs.
 
     The state binds to the variables of its first ``reduce`` call (more may join later). It is a
@@ -146,9 +147,9 @@ class PacTrainState(Binding, Maintenance, HorovodEngine, tf.train.experimental.P
         self.optimizer = optimizer
         self.packed_values = packed_values
         encoding = ENCODINGS[packed_values]
-        layout = ternary_layout(process_set.size()) if encoding.quantized else None
+        layout = quantized_layout(process_set.size(), encoding.levels) if encoding.quantized else None
         # A rank outside the process set never reduces.
-        self._ternary = TernaryReduction(process_set) if layout is not None and process_set.included() else None
+        self._ternary = TernaryReduction(process_set, encoding.levels) if layout is not None and process_set.included() else None
         self._encoding = encoding.reported(lanes_fit=layout is not None)
         self._packed_compression = encoding.wire_of(PACKED_WIRES, "horovod.tensorflow") or compression
 
@@ -197,8 +198,8 @@ class PacTrainState(Binding, Maintenance, HorovodEngine, tf.train.experimental.P
     def stats(self) -> dict:
         """The last step's wire bytes (sent and dense-equivalent), bits per packed value, per-tensor density and plan.
 
-        ``values`` says how packed values travelled: ``"ternary"``, or ``"fp16"`` when ternary fell
-        back (too many ranks for 3 lanes per word), else as the ``packed_values`` argument.
+        ``values`` says how packed values travelled: as the ``packed_values`` argument, or ``"fp16"`` where a
+        quantized encoding fell back (too many ranks for 3 lanes per word).
         """
         sent = self._sent_bytes.numpy()
         tensors = {}

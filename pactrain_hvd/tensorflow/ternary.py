@@ -1,4 +1,4 @@
-"""Ternary values for packed tensors: what each rank remembers between steps, and how they travel.
+"""Quantized values for packed tensors (ternary, int3): what each rank remembers between steps, and how they travel.
 
 As in ``pactrain_hvd.torch.ternary``: ``ErrorFeedback`` (``memory.py``) is the memory,
 ``TernaryReduction`` moves the values. Each tensor's codes are rounded at a scale every rank
@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from pactrain_hvd.core.lanes import NOISE_SEED, SCALE_BYTES
 from pactrain_hvd.tensorflow.compression import PacTrainCompressor
-from pactrain_hvd.tensorflow.lanes import decode, encode, layout_for, local_scale, stochastic_ternary
+from pactrain_hvd.tensorflow.lanes import decode, encode, layout_for, local_scale, stochastic_codes
 from pactrain_hvd.tensorflow.memory import ErrorFeedback
 
 
@@ -37,7 +37,8 @@ class NoiseSource:
 
 
 class TernaryReduction:
-    """Stochastic ternary all-reduce of packed tensors at held scales, with error feedback.
+    """Stochastic quantized all-reduce of packed tensors at held scales, with error feedback (``levels`` levels
+    each side of 0: 1 for ternary values).
 
     The lane layout and the average's divisor use the world size as Horovod's own average does:
     read when the graph runs under Horovod elastic (``hvd.size_op``), else when it is traced.
@@ -50,8 +51,9 @@ class TernaryReduction:
         >>> grad, sent = tf.cond(tf.equal(compressor.plan, PACKED), ternary, plain)   # plain: not packed
     """
 
-    def __init__(self, process_set: hvd.ProcessSet) -> None:
+    def __init__(self, process_set: hvd.ProcessSet, levels: int = 1) -> None:
         self.process_set = process_set
+        self.levels = levels
         self.memory = ErrorFeedback()
         self.noise = NoiseSource(NOISE_SEED + process_set.rank())
         self.scales: dict[str, tf.Variable] = {}  # per tensor, the scale of its next send; NaN: none held
@@ -81,7 +83,7 @@ class TernaryReduction:
         held scale stays as it was.
         """
         value = self.memory.add(name, tf.cast(compressor.survivors(grad), tf.float32))
-        local = local_scale(value)  # not finite where a value is not: the mean of |values|
+        local = local_scale(value, self.levels)  # not finite where a value is not: the mean of |values|
         local = tf.where(tf.math.is_finite(local), local, float("inf"))  # Horovod's MAX may drop NaN
         step_max = hvd.allreduce(tf.reshape(local, [1]), op=hvd.Max, name=f"{wire_name}_scale",
                                  process_set=self.process_set)[0]
@@ -89,15 +91,15 @@ class TernaryReduction:
         none_held = tf.math.is_nan(held)
         scale = tf.cond(none_held, lambda: step_max, lambda: held)  # lowered: the held branch does not wait
         world_size = self.world_size()
-        layout = layout_for(world_size)
+        layout = layout_for(world_size, self.levels)
         count = tf.size(value)
-        ternary = stochastic_ternary(value, scale, self.noise.uniform(count))
-        self.memory.store(name, value, tf.cast(ternary, tf.float32) * scale)
-        words = encode(ternary, layout)
+        codes = stochastic_codes(value, scale, self.noise.uniform(count), self.levels)
+        self.memory.store(name, value, tf.cast(codes, tf.float32) * (scale / self.levels))
+        words = encode(codes, layout)
         summed = hvd.allreduce(words, op=hvd.Sum, name=wire_name, process_set=self.process_set)
         finite = tf.math.is_finite(step_max)
         self.scales[name].assign(tf.where(finite, step_max, tf.where(none_held, 0.0, held)))
-        divisor = tf.cast(world_size, tf.float32) if average else 1.0
+        divisor = (tf.cast(world_size, tf.float32) if average else 1.0) * self.levels
         scale = tf.where(finite, scale, float("nan"))
         reduced = tf.cast(tf.cast(decode(summed, layout, count), tf.float32) * scale / divisor, dtype)
         return compressor.unpack(reduced), tf.size(words, tf.int64) * words.dtype.size + SCALE_BYTES

@@ -28,7 +28,7 @@ def storage_view(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.view(-1) if tensor.is_contiguous() else tensor.as_strided((tensor.numel(),), (1,), tensor.storage_offset())
 
 
-class TernaryContext(NamedTuple):
+class CodesContext(NamedTuple):
     scale: torch.Tensor  # the same on every rank (a MAX over ranks), fp32 scalar
     count: int  # values in the words
     divisor: float  # world size for an average, 1 for a sum
@@ -47,8 +47,8 @@ class PacTrainCompressor(Compressor):
     ``packed=False``: the tensor travels whole, with pruned coordinates zeroed.
     ``mask=None``: the tensor is not pruned and travels as Horovod would send it.
     Values are then handed to ``value_compression`` (``hvd.Compression.none`` or ``.fp16``), or,
-    with ``lanes`` (packed only), rounded to shared-scale ternary and lane-packed into int32 words
-    (``compress_ternary``; layout in ``pactrain_hvd.core.lanes``).
+    with ``lanes`` (packed only), rounded to shared-scale codes (ternary, int3) and lane-packed into int32 words
+    (``compress_codes``; layout in ``pactrain_hvd.core.lanes``).
 
     Example::
 
@@ -62,7 +62,7 @@ class PacTrainCompressor(Compressor):
         if mask is not None and mask.dtype != torch.bool:
             raise TypeError(f"mask must be a bool tensor, got {mask.dtype}")
         if lanes is not None and not (packed and mask is not None):
-            raise ValueError("lanes (ternary values) needs a mask and packed=True: only packed values are quantized")
+            raise ValueError("lanes (quantized values) needs a mask and packed=True: only packed values are quantized")
         self.mask = mask
         self.packed = packed and mask is not None
         self.value_compression = value_compression
@@ -107,24 +107,24 @@ class PacTrainCompressor(Compressor):
 
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
         if self.lanes is not None:
-            raise RuntimeError("a ternary PacTrainCompressor needs the agreed scale: use gather() then compress_ternary()")
+            raise RuntimeError("a quantized PacTrainCompressor needs the agreed scale: use gather() then compress_codes()")
         wire, value_ctx = self.value_compression.compress(self.gather(tensor))
         return wire, (value_ctx, tensor)
 
-    def compress_ternary(self, tensor: torch.Tensor, ternary: torch.Tensor, scale: torch.Tensor,
-                         divisor: float = 1.0) -> tuple[torch.Tensor, Any]:
-        """Lane-pack ``ternary`` (the survivors of ``tensor`` rounded to {-1, 0, 1} at ``scale``).
+    def compress_codes(self, tensor: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor,
+                       divisor: float = 1.0) -> tuple[torch.Tensor, Any]:
+        """Lane-pack ``codes`` (the survivors of ``tensor`` rounded to [-levels, levels] steps of ``scale / levels``).
 
-        The words must be all-reduced with op=Sum; ``decompress`` then yields ``sum * scale / divisor``
+        The words must be all-reduced with op=Sum; ``decompress`` then yields ``sum * scale / (levels * divisor)``
         (``divisor=world size`` for an average).
         """
-        words = encode(ternary, self.lanes)
-        return words, (TernaryContext(scale, ternary.numel(), divisor), tensor)
+        words = encode(codes, self.lanes)
+        return words, (CodesContext(scale, codes.numel(), divisor), tensor)
 
     def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
         """Write into the tensor that was compressed, in its own layout, when it is dense (no new allocation)."""
         value_ctx, original = ctx
-        if isinstance(value_ctx, TernaryContext):
+        if isinstance(value_ctx, CodesContext):
             values = dequantize(tensor, self.lanes, value_ctx.count, value_ctx.scale, value_ctx.divisor)
             values = values.to(original.dtype)
         else:

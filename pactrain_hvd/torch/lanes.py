@@ -1,4 +1,4 @@
-"""Ternary lanes in torch ops, following the digit layout of ``pactrain_hvd.core.lanes``.
+"""Quantized lanes in torch ops, following the digit layout of ``pactrain_hvd.core.lanes``.
 
 Mirrors the numpy reference functions there, vectorised: codes reshaped to ``[words, lanes]``,
 weighted by the digits' powers and summed; summed words divided by the powers, modulo the radix.
@@ -10,7 +10,7 @@ import functools
 
 import torch
 
-from pactrain_hvd.core.lanes import CODE_OFFSET, SCALE_OVER_MEAN, LaneLayout
+from pactrain_hvd.core.lanes import STEP_OVER_MEAN, LaneLayout
 
 
 @functools.cache
@@ -19,15 +19,22 @@ def _powers(layout: LaneLayout, device: torch.device) -> torch.Tensor:
     return torch.tensor(layout.powers, dtype=torch.int32, device=device)
 
 
-def local_scale(values: torch.Tensor) -> torch.Tensor:
+def local_scale(values: torch.Tensor, levels: int = 1) -> torch.Tensor:
     """This rank's proposal for the tensor's scale, 0 for no values (see core ``local_scale``)."""
-    return SCALE_OVER_MEAN * values.abs().mean() if values.numel() else values.new_zeros(())
+    return levels * STEP_OVER_MEAN * values.abs().mean() if values.numel() else values.new_zeros(())
 
 
-def stochastic_ternary(values: torch.Tensor, scale: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """``sign(v)`` with probability ``min(1, |v| / scale)``, else 0 (see core ``stochastic_ternary``), as
-    ``noise``'s dtype, written over ``noise``: the hot path's one buffer for the draw, the test and the sign."""
-    return noise.mul_(scale).lt_(values.abs()).copysign_(values)
+def stochastic_codes(values: torch.Tensor, scale: torch.Tensor, noise: torch.Tensor, levels: int = 1) -> torch.Tensor:
+    """Codes in [-levels, levels] at the step ``scale / levels`` (see core ``stochastic_codes``), as ``noise``'s
+    dtype, written over ``noise``. Ternary values (``levels=1``) take the hot path's one buffer for the draw, the
+    test and the sign."""
+    if levels == 1:
+        return noise.mul_(scale).lt_(values.abs()).copysign_(values)
+    step = scale / levels
+    magnitude = values.abs()
+    whole = torch.where(step > 0, magnitude / step, 0).floor_()
+    up = noise.mul_(step).lt_(magnitude.sub_(whole * step))
+    return up.add_(whole).clamp_(max=levels).copysign_(values)
 
 
 def pack_codes(codes: torch.Tensor, layout: LaneLayout, offset: int = 0) -> torch.Tensor:
@@ -50,13 +57,13 @@ def unpack_lanes(words: torch.Tensor, layout: LaneLayout, count: int) -> torch.T
     return digits.remainder_(layout.radix).reshape(-1)[:count]
 
 
-def encode(ternary: torch.Tensor, layout: LaneLayout) -> torch.Tensor:
-    """Ternary values (any dtype) -> int32 words of biased codes."""
-    return pack_codes(ternary, layout, CODE_OFFSET)
+def encode(codes: torch.Tensor, layout: LaneLayout) -> torch.Tensor:
+    """Codes in [-levels, levels] (any dtype) -> int32 words of biased codes."""
+    return pack_codes(codes, layout, layout.offset)
 
 
 def dequantize(words: torch.Tensor, layout: LaneLayout, count: int, scale: torch.Tensor, divisor: float) -> torch.Tensor:
-    """Words summed over ``layout.world_size`` ranks -> the sum of their ternary values ``* scale / divisor``,
+    """Words summed over ``layout.world_size`` ranks -> the sum of their codes ``* scale / (levels * divisor)``,
     as fp32, the arithmetic in one buffer (the sums are small integers, exact in fp32)."""
     summed = unpack_lanes(words, layout, count).to(torch.float32)
-    return summed.sub_(CODE_OFFSET * layout.world_size).mul_(scale).div_(divisor)
+    return summed.sub_(layout.offset * layout.world_size).mul_(scale).div_(divisor * layout.levels)

@@ -64,7 +64,9 @@ class DistributedOptimizer(HorovodEngine, StateReadings, torch.optim.Optimizer):
       travel as ``compression`` says. ``"inherit"``: as ``compression`` says (``hvd.Compression.fp16``
       makes them fp16); ``"fp16"``: fp16; ``"ternary"``: shared-scale stochastic ternary with
       error feedback, packed as digits of int32 words (``pactrain_hvd.core.lanes``), fp16 when the
-      world is too large for 3 values per word (> 644 ranks). Ternary needs ``op`` Average or Sum.
+      world is too large for 3 values per word (> 644 ranks); ``"int3"``: the same with codes in
+      [-3, 3] at ternary's step, so that large values are not clipped (about 1.6x ternary's bytes;
+      fp16 beyond 214 ranks). Both need ``op`` Average or Sum.
       ``values=`` is its old, deprecated name (``"fp32"`` there is ``"inherit"``). The encodings are
       ``pactrain_hvd.core.encodings.ENCODINGS``; ``"bf16"`` is refused here (Horovod's all-reduce
       carries no bfloat16) and works with the DDP comm hook.

@@ -20,7 +20,7 @@ from horovod.torch.compression import Compression, Compressor
 from pactrain_hvd.core import PacTrainConfig, StepStats, TensorStats, should_pack
 from pactrain_hvd.core.cycle import PruningCycle
 from pactrain_hvd.core.encodings import ENCODINGS
-from pactrain_hvd.core.lanes import ternary_layout
+from pactrain_hvd.core.lanes import quantized_layout
 from pactrain_hvd.torch.carry import BroadcastCarry
 from pactrain_hvd.torch.compression import PACKED_WIRES, PacTrainCompressor
 from pactrain_hvd.torch.own_masks import resolve_masks, sync_prune_buffers, warn_if_torch_pruned
@@ -71,7 +71,7 @@ class PacTrainState(PruningReadout, BroadcastCarry):
         self._weights_unmasked = False  # masks changed without zeroing the weights (adopted mid-backward)
         self._stats = StepStats()
         encoding = ENCODINGS[packed_values]
-        layout = ternary_layout(process_set.size()) if encoding.quantized else None
+        layout = quantized_layout(process_set.size(), encoding.levels) if encoding.quantized else None
         self._ternary = TernaryReduction(layout, process_set) if layout is not None else None
         self._compression = compression
         self._packed_compression = encoding.wire_of(PACKED_WIRES, "horovod.torch") or compression
@@ -84,8 +84,8 @@ class PacTrainState(PruningReadout, BroadcastCarry):
     def stats(self) -> dict:
         """The last step's wire bytes (sent and dense-equivalent), bits per packed value, per-tensor density and plan.
 
-        ``values`` says how packed values travelled: ``"ternary"``, or ``"fp16"`` when ternary fell
-        back (too many ranks for 3 lanes per word), else as the ``packed_values`` argument.
+        ``values`` says how packed values travelled: as the ``packed_values`` argument, or ``"fp16"`` where a
+        quantized encoding fell back (too many ranks for 3 lanes per word).
         """
         encoding = ENCODINGS[self.packed_values].reported(lanes_fit=self._ternary is not None)
         return dict(self._stats.as_dict(), sparsity=self._pruner.sparsity(), values=encoding)
@@ -170,14 +170,14 @@ class PacTrainState(PruningReadout, BroadcastCarry):
         return self._compressors[p]
 
     def follow_world_size(self) -> None:
-        """Ternary digits per word and the average's divisor follow the world size (Horovod elastic changes it)."""
+        """Digits per word and the average's divisor follow the world size (Horovod elastic changes it)."""
         size = self.process_set.size()
         if size == self._ternary.layout.world_size:
             return
-        layout = ternary_layout(size)
+        layout = quantized_layout(size, self._ternary.layout.levels)
         if layout is None:
-            raise RuntimeError(f"packed_values='ternary': the world size changed to {size}, where lanes no longer "
-                               "pay; recreate the optimizer with packed_values='fp16'")
+            raise RuntimeError(f"packed_values={self.packed_values!r}: the world size changed to {size}, where lanes "
+                               "no longer pay; recreate the optimizer with packed_values='fp16'")
         self._ternary.layout = layout
         for compressor in self._compressors.values():
             if compressor.lanes is not None:

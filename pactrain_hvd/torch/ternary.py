@@ -1,6 +1,6 @@
-"""Ternary values for packed tensors: what each rank remembers between steps, and how they travel.
+"""Quantized values for packed tensors (ternary, int3): what each rank remembers between steps, and how they travel.
 
-GRACE's split: ``PacTrainCompressor.compress_ternary`` decides what to send, ``ErrorFeedback``
+GRACE's split: ``PacTrainCompressor.compress_codes`` decides what to send, ``ErrorFeedback``
 (``memory.py``) is the memory, ``TernaryReduction`` moves it. Each tensor's codes are rounded at a
 scale every rank already holds: the MAX over ranks of the previous step's ``local_scale`` (a
 multiple of each rank's mean ``|value|``; identical everywhere, since it came from a collective).
@@ -25,7 +25,7 @@ from horovod.torch.mpi_ops import allreduce_async_, synchronize
 from pactrain_hvd.core import CheckpointError
 from pactrain_hvd.core.lanes import NOISE_SEED, LaneLayout
 from pactrain_hvd.torch.compression import PacTrainCompressor
-from pactrain_hvd.torch.lanes import local_scale, stochastic_ternary
+from pactrain_hvd.torch.lanes import local_scale, stochastic_codes
 from pactrain_hvd.torch.memory import ErrorFeedback
 
 
@@ -69,11 +69,12 @@ class TernarySend:
 
 
 class TernaryReduction:
-    """Stochastic ternary all-reduce of packed tensors at held scales, with error feedback.
+    """Stochastic quantized all-reduce of packed tensors at held scales, with error feedback (``layout.levels``
+    levels each side of 0: 1 for ternary values).
 
     Example::
 
-        >>> reduction = TernaryReduction(ternary_layout(hvd.size()), hvd.global_process_set)
+        >>> reduction = TernaryReduction(quantized_layout(hvd.size()), hvd.global_process_set)
         >>> send = reduction.start(name, grad, compressor, average=True)   # from the gradient hook
         >>> grad = reduction.finish(send)                                   # in synchronize()
     """
@@ -136,7 +137,7 @@ class TernaryReduction:
         """This rank's survivors of ``grad`` plus their error memory (fp32), and its proposal for their scale:
         ``local_scale``, or inf where a value is not finite. No communication."""
         values = self.memory.add(name, compressor.gather(grad).float())
-        local = local_scale(values)  # not finite where a value is not: the mean of |values|
+        local = local_scale(values, self.layout.levels)  # not finite where a value is not: the mean of |values|
         # An overflow on any rank makes the MAX inf on every rank (Horovod's MAX may drop a NaN).
         return values, torch.where(torch.isfinite(local), local, torch.full_like(local, float("inf")))
 
@@ -145,9 +146,10 @@ class TernaryReduction:
         error memory (pending). No communication; ``send.values`` is spent."""
         values = send.values
         scale = scale.to(values.device)
-        ternary = stochastic_ternary(values, scale, self.noise.uniform(values.numel(), values.device))
-        send.words, send.ctx = send.compressor.compress_ternary(send.grad, ternary, scale, send.divisor)
-        self.memory.store(send.name, values, ternary.mul_(scale))  # both buffers are spent here
+        levels = self.layout.levels
+        codes = stochastic_codes(values, scale, self.noise.uniform(values.numel(), values.device), levels)
+        send.words, send.ctx = send.compressor.compress_codes(send.grad, codes, scale, send.divisor)
+        self.memory.store(send.name, values, codes.mul_(scale / levels))  # both buffers are spent here
 
     def _send_codes(self, send: TernarySend, scale: torch.Tensor) -> None:
         self.quantize(send, scale)

@@ -102,7 +102,11 @@ def test_parse_method_options_and_errors():
     assert parse_method("powersgd").rank == 4 and parse_method("powersgd-r8").rank == 8
     assert parse_method("pactrain-0.9-fp16").window is None
     spec = parse_method("pactrain-0.9-ternary-w0-0.3")
-    assert (spec.sparsity, spec.ternary_values, spec.window) == (0.9, True, (0.0, 0.3))
+    assert (spec.sparsity, spec.packed_values, spec.window) == (0.9, "ternary", (0.0, 0.3))
+    int3 = parse_method("pactrain-0.9-int3-w0-0")
+    assert (int3.packed_values, int3.quantized_values, int3.fp16_values) == ("int3", True, False)
+    fp16 = parse_method("pactrain-0.9-fp16")
+    assert (fp16.packed_values, fp16.quantized_values, fp16.fp16_values) == ("inherit", False, True)
     with pytest.raises(ValueError, match="pruning window"):
         parse_method("pactrain-0.9-fp16-w0.5-0.2")
     first = parse_method("pactrain-0.95-ternary-w0-0")
@@ -112,7 +116,7 @@ def test_parse_method_options_and_errors():
                                                "rescale_survivors": True}
     assert not first.rescale_survivors and parse_method("pactrain-0.9-local40-rescale").local_steps == 40
     ramp = parse_method("pactrain-0.98-ternary-ramp50")
-    assert (ramp.sparsity, ramp.ternary_values, ramp.window, ramp.ramp) == (0.98, True, None, 50)
+    assert (ramp.sparsity, ramp.packed_values, ramp.window, ramp.ramp) == (0.98, "ternary", None, 50)
     schedule = pruning_schedule(ramp, 600)["schedule"].polynomial()
     assert (schedule.initial_sparsity, schedule.final_sparsity, schedule.end_step, schedule.frequency) == (0.5, 0.98, 50, 1)
     with pytest.raises(ValueError, match="unknown method"):
@@ -146,8 +150,8 @@ def test_tensorflow_method_names_and_their_worker():
     from benchmarks.common.methods import TF_METHODS, worker_module
 
     spec = parse_method("tf-pactrain-0.9-ternary")
-    assert (spec.kind, spec.frontend, spec.framework, spec.sparsity, spec.ternary_values) == (
-        "pactrain", "tf", "tensorflow", 0.9, True)
+    assert (spec.kind, spec.frontend, spec.framework, spec.sparsity, spec.packed_values) == (
+        "pactrain", "tf", "tensorflow", 0.9, "ternary")
     assert parse_method("keras-fp16").fp16_values and parse_method("keras-fp16").frontend == "keras"
     assert worker_module(spec) == "benchmarks.throughput.tf_worker"
     assert worker_module(parse_method("ddp-fp16")) == "benchmarks.throughput.worker"

@@ -8,9 +8,10 @@ from pactrain_hvd.core.encodings import ENCODINGS, PACKED_VALUES, packed_values_
 
 
 def test_the_registry_names_every_encoding_once():
-    assert PACKED_VALUES == ("inherit", "fp16", "bf16", "ternary")
-    assert {name: (e.wire, e.quantized) for name, e in ENCODINGS.items()} == {
-        "inherit": (None, False), "fp16": ("float16", False), "bf16": ("bfloat16", False), "ternary": ("float16", True)}
+    assert PACKED_VALUES == ("inherit", "fp16", "bf16", "ternary", "int3")
+    assert {name: (e.wire, e.quantized, e.levels) for name, e in ENCODINGS.items()} == {
+        "inherit": (None, False, 0), "fp16": ("float16", False, 0), "bf16": ("bfloat16", False, 0),
+        "ternary": ("float16", True, 1), "int3": ("float16", True, 3)}
 
 
 def test_a_quantized_encoding_reports_its_fallback_where_lanes_do_not_fit():
@@ -42,7 +43,7 @@ def test_the_argument_and_its_deprecated_spellings():
     assert packed_values_argument("bf16") == "bf16"
     with pytest.warns(DeprecationWarning, match="values= is deprecated"):
         assert packed_values_argument("inherit", "fp32") == "inherit"
-    with pytest.raises(ValueError, match="packed_values must be one of 'inherit', 'fp16', 'bf16', 'ternary', got 'int8'"):
+    with pytest.raises(ValueError, match="packed_values must be one of 'inherit', 'fp16', 'bf16', 'ternary', 'int3', got 'int8'"):
         packed_values_argument("int8")
     with warnings.catch_warnings():
         warnings.simplefilter("error")

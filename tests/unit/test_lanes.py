@@ -30,7 +30,21 @@ def test_layout_from_world_size(world_size, lanes):
     assert (layout.radix, layout.lanes) == (2 * world_size + 1, lanes)
     assert layout.radix**layout.lanes <= 2**31 < layout.radix ** (layout.lanes + 1)
     assert layout.lanes >= 31 // math.ceil(math.log2(2 * world_size + 1))  # never fewer than bit fields
-    assert (core.ternary_layout(world_size) is None) == (lanes < 3)  # fp16 fallback beyond 644 ranks
+    assert (core.quantized_layout(world_size) is None) == (lanes < 3)  # fp16 fallback beyond 644 ranks
+
+
+@pytest.mark.parametrize("world_size, lanes", [(1, 11), (2, 8), (4, 6), (8, 5), (32, 4), (214, 3), (215, 2)])
+def test_int3_layout_from_world_size(world_size, lanes):
+    layout = core.lane_layout(world_size, levels=3)
+    assert (layout.radix, layout.lanes, layout.offset) == (6 * world_size + 1, lanes, 3)
+    assert layout.radix**layout.lanes <= 2**31 < layout.radix ** (layout.lanes + 1)
+    assert (core.quantized_layout(world_size, 3) is None) == (lanes < 3)  # fp16 fallback beyond 214 ranks
+
+
+@pytest.mark.parametrize("levels", [0, -1, 1.0, True])
+def test_layout_refuses_bad_levels(levels):
+    with pytest.raises(ValueError, match="levels"):
+        core.lane_layout(2, levels)
 
 
 @pytest.mark.parametrize("world_size", [0, -1, 2.0, True])
@@ -39,29 +53,30 @@ def test_layout_refuses_bad_world_size(world_size):
         core.lane_radix(world_size)
 
 
+@pytest.mark.parametrize("levels", [1, 3])
 @pytest.mark.parametrize("world_size", range(2, 65))
-def test_summed_words_unpack_to_exact_code_sums(world_size):
+def test_summed_words_unpack_to_exact_code_sums(world_size, levels):
     """N simulated ranks pack their codes; numpy sums the int32 words as the all-reduce would."""
-    layout = core.lane_layout(world_size)
+    layout = core.lane_layout(world_size, levels)
     rng = np.random.default_rng(world_size)
     count = 3 * layout.lanes + 1  # a padded last word
-    ternary = rng.integers(-1, 2, size=(world_size, count))
-    ternary[:, 0] = 1  # the extreme lane sums 2N and 0 must fit too
-    ternary[:, 1] = -1
-    words = np.stack([core.pack_codes(t + core.CODE_OFFSET, layout) for t in ternary])
+    ternary = rng.integers(-levels, levels + 1, size=(world_size, count))
+    ternary[:, 0] = levels  # the extreme lane sums 2 levels N and 0 must fit too
+    ternary[:, 1] = -levels
+    words = np.stack([core.pack_codes(t + layout.offset, layout) for t in ternary])
     assert words.dtype == np.int32 and words.shape == (world_size, layout.words(count))
     summed = words.sum(axis=0, dtype=np.int32)
     assert np.all(summed >= 0)  # the sign bit is never reached
     assert summed.max() < layout.radix**layout.lanes
-    decoded = core.decode_sums(core.unpack_lanes(summed, layout, count), world_size)
+    decoded = core.decode_sums(core.unpack_lanes(summed, layout, count), layout)
     np.testing.assert_array_equal(decoded, ternary.sum(axis=0))
-    assert decoded[0] == world_size and decoded[1] == -world_size
+    assert decoded[0] == levels * world_size and decoded[1] == -levels * world_size
     words_torch = torch.stack([torch_lanes.encode(torch.from_numpy(t).float(), layout) for t in ternary])
     np.testing.assert_array_equal(words_torch.numpy(), words)
     sums = torch_lanes.dequantize(words_torch.sum(dim=0, dtype=torch.int32), layout, count, torch.tensor(0.5), 2.0)
-    np.testing.assert_array_equal(sums.numpy(), ternary.sum(axis=0) * 0.25)
+    np.testing.assert_allclose(sums.numpy(), ternary.sum(axis=0) * 0.25 / levels, rtol=1e-6)
     # TF, with the layout known at trace time and read when the graph runs (Horovod elastic)
-    for layout_tf in (layout, tf_lanes.layout_for(tf.constant(world_size))):
+    for layout_tf in (layout, tf_lanes.layout_for(tf.constant(world_size), levels)):
         words_tf = tf.stack([tf_lanes.encode(tf.constant(t, tf.int8), layout_tf) for t in ternary])
         np.testing.assert_array_equal(words_tf.numpy(), words)
         summed_tf = tf.reduce_sum(words_tf, axis=0)
@@ -101,14 +116,15 @@ def test_tf_and_numpy_packers_write_identical_words(world_size):
     assert tf_lanes.pack_codes(tf.zeros([0], tf.int32), layout).shape == (0,)
 
 
-def test_tf_layout_read_when_the_graph_runs_is_the_core_layout():
-    layout_of = tf.function(lambda n: tf_lanes.layout_for(n)[1:])  # (radix, lanes), traced once
+@pytest.mark.parametrize("levels", [1, 3])
+def test_tf_layout_read_when_the_graph_runs_is_the_core_layout(levels):
+    layout_of = tf.function(lambda n: tf_lanes.layout_for(n, levels)[1:3])  # (radix, lanes), traced once
     for world_size in [*range(1, 300), 511, 512, 644, 645, 4096, 2**20]:
         radix, lanes = layout_of(tf.constant(world_size))
-        expected = core.lane_layout(world_size)
+        expected = core.lane_layout(world_size, levels)
         assert (int(radix), int(lanes)) == (expected.radix, expected.lanes), world_size
     assert layout_of.experimental_get_tracing_count() == 1
-    assert tf_lanes.layout_for(8) == core.lane_layout(8)  # a Python int: the core layout itself
+    assert tf_lanes.layout_for(8, levels) == core.lane_layout(8, levels)  # a Python int: the core layout itself
 
 
 def test_layout_is_digit_zero_least_significant():
@@ -116,27 +132,40 @@ def test_layout_is_digit_zero_least_significant():
     assert core.pack_codes(np.array([1, 2, 0, 2]), layout)[0] == 1 + 2 * 5 + 2 * 5**3
 
 
-def test_torch_and_numpy_rounding_agree():
+@pytest.mark.parametrize("levels", [1, 3])
+def test_torch_tf_and_numpy_rounding_agree(levels):
     rng = np.random.default_rng(0)
     values = rng.normal(size=500).astype(np.float32)
-    scale = np.float32(np.abs(values).max())
+    scale = np.float32(np.abs(values).max() * 0.8)  # some values beyond it: clipped
     noise = rng.random(500).astype(np.float32)
-    expected = core.stochastic_ternary(values, scale, noise)
+    expected = core.stochastic_codes(values, scale, noise, levels)
     torch_noise = torch.from_numpy(noise.copy())
-    got = torch_lanes.stochastic_ternary(torch.from_numpy(values), torch.tensor(scale), torch_noise)
-    assert got.data_ptr() == torch_noise.data_ptr()  # written over the noise: no temporaries
+    got = torch_lanes.stochastic_codes(torch.from_numpy(values), torch.tensor(scale), torch_noise, levels)
+    assert got.data_ptr() == torch_noise.data_ptr()  # written over the noise
     np.testing.assert_array_equal(got.numpy(), expected)
-    got_tf = tf_lanes.stochastic_ternary(tf.constant(values), tf.constant(scale), tf.constant(noise))
+    got_tf = tf_lanes.stochastic_codes(tf.constant(values), tf.constant(scale), tf.constant(noise), levels)
     assert got_tf.dtype == tf.int8
     np.testing.assert_array_equal(got_tf.numpy(), expected)
-    assert set(np.unique(expected)) <= {-1, 0, 1}
-    assert np.all(core.stochastic_ternary(np.zeros(5), 0.0, rng.random(5)) == 0)  # a zero scale
+    assert set(np.unique(expected)) == set(range(-levels, levels + 1))
+    assert np.all(expected[np.abs(values) >= scale] == levels * np.sign(values[np.abs(values) >= scale]))
+    assert np.all(core.stochastic_codes(np.zeros(5), 0.0, rng.random(5), levels) == 0)  # a zero scale
+    zero = torch_lanes.stochastic_codes(torch.zeros(5), torch.tensor(0.0), torch.rand(5), levels)
+    assert torch.all(zero == 0)
+
+
+def test_ternary_rounding_is_tern_grads():
+    """``levels=1``: ``sign(v)`` where ``noise * scale < |v|``, the rule every ternary record was taken with."""
+    rng = np.random.default_rng(4)
+    values, noise = rng.normal(size=1000).astype(np.float32), rng.random(1000).astype(np.float32)
+    scale = np.float32(1.3)
+    expected = (np.sign(values) * (noise * scale < np.abs(values))).astype(np.int8)
+    np.testing.assert_array_equal(core.stochastic_codes(values, scale, noise), expected)
 
 
 def test_local_scale_is_a_multiple_of_the_mean_magnitude_in_every_frontend():
     values = np.random.default_rng(2).standard_t(2, size=1000).astype(np.float32)
     expected = core.local_scale(values)
-    assert expected == pytest.approx(core.SCALE_OVER_MEAN * np.abs(values).mean(), rel=1e-6)
+    assert expected == pytest.approx(core.STEP_OVER_MEAN * np.abs(values).mean(), rel=1e-6)
     assert torch_lanes.local_scale(torch.from_numpy(values)).item() == pytest.approx(expected, rel=1e-6)
     assert tf_lanes.local_scale(tf.constant(values)).numpy() == pytest.approx(expected, rel=1e-6)
     empty = np.zeros(0, np.float32)  # a tensor with no survivors proposes 0, not NaN
@@ -156,7 +185,7 @@ def test_at_the_local_scale_the_sent_values_do_not_inflate_a_second_moment_as_at
     noise = rng.random(values.size).astype(np.float32)
 
     def second_moment(scale):
-        return float(np.mean((core.stochastic_ternary(values, scale, noise) * scale) ** 2))
+        return float(np.mean((core.stochastic_codes(values, scale, noise) * scale) ** 2))
 
     dense = float(np.mean(values ** 2))
     at_max, at_local = second_moment(np.abs(values).max()), second_moment(core.local_scale(values))
@@ -164,13 +193,15 @@ def test_at_the_local_scale_the_sent_values_do_not_inflate_a_second_moment_as_at
     assert at_local < dense  # 1.7: values beyond the scale wait in the error memory
 
 
-def test_stochastic_rounding_is_unbiased():
+@pytest.mark.parametrize("levels", [1, 3])
+def test_stochastic_rounding_is_unbiased(levels):
     values = np.array([-1.0, -0.7, -0.25, 0.0, 0.1, 0.5, 0.9, 1.0], dtype=np.float32)
     scale, draws = 1.0, 20000
     rng = np.random.default_rng(1)
-    mean = core.stochastic_ternary(np.tile(values, (draws, 1)), scale, rng.random((draws, values.size))).mean(axis=0)
-    # Bernoulli(p) mean: standard error <= 0.5 / sqrt(draws) = 0.0035; 5 sigma
-    np.testing.assert_allclose(mean * scale, values, atol=0.018)
+    codes = core.stochastic_codes(np.tile(values, (draws, 1)), scale, rng.random((draws, values.size)), levels)
+    # a value between two codes, each draw one of them: standard error <= 0.5 step / sqrt(draws); 5 sigma
+    np.testing.assert_allclose(codes.mean(axis=0) * scale / levels, values, atol=0.018 / levels)
+    assert np.all(np.abs(codes * scale / levels - values) < scale / levels)  # always a neighbouring code
 
 
 def test_error_feedback_carries_the_quantization_error():
@@ -189,7 +220,7 @@ def test_error_feedback_carries_the_quantization_error():
     generator = torch.Generator().manual_seed(0)
     for _ in range(200):
         value = memory.add_("g", values.clone())
-        dequantized = torch_lanes.stochastic_ternary(value, scale, torch.rand(3, generator=generator)) * scale
+        dequantized = torch_lanes.stochastic_codes(value, scale, torch.rand(3, generator=generator)) * scale
         sent += dequantized
         memory.store("g", value, dequantized)
         memory.commit()
@@ -254,11 +285,11 @@ def test_compressor_ternary_round_trip_as_if_summed_over_two_ranks():
     mask[:, ::2] = True
     compressor = PacTrainCompressor(mask, lanes=layout)
     grad = torch.randn(4, 6)
-    with pytest.raises(RuntimeError, match="compress_ternary"):
+    with pytest.raises(RuntimeError, match="compress_codes"):
         compressor.compress(grad)
     ternary = torch.tensor([1, 0, -1, 1, 1, 0, -1, -1, 0, 0, 1, -1], dtype=torch.int8)
     scale = torch.tensor(0.5)
-    words, ctx = compressor.compress_ternary(grad, ternary, scale, divisor=2.0)
+    words, ctx = compressor.compress_codes(grad, ternary, scale, divisor=2.0)
     assert words.dtype == torch.int32 and words.numel() == 1  # 12 values, 13 digits per word
     restored = compressor.decompress(words * 2, ctx)  # both ranks sent the same codes
     torch.testing.assert_close(restored[mask], ternary.float() * 0.5)

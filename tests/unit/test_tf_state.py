@@ -37,7 +37,7 @@ def small_model(api=keras):
     (dict(compression=object()), TypeError, "compression"),
     (dict(process_set="all"), TypeError, "process_set"),
     (dict(prunable="hidden*"), TypeError, "prunable"),
-    (dict(packed_values="int8"), ValueError, "packed_values must be one of 'inherit', 'fp16', 'bf16', 'ternary', got 'int8'"),
+    (dict(packed_values="int8"), ValueError, "packed_values must be one of 'inherit', 'fp16', 'bf16', 'ternary', 'int3', got 'int8'"),
 ])
 def test_state_rejects_bad_arguments_before_communicating(kwargs, error, message):
     with pytest.raises(error, match=message):

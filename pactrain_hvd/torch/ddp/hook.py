@@ -1,7 +1,7 @@
 """``pactrain_hook``: what DDP's comm hook sends of each bucket (its state: ``state.py``).
 
 A bucket the plan keeps dense travels whole, pruned coordinates zeroed; a packed one sends its
-surviving coordinates only (cast as ``packed_values`` says, or as ternary codes in int32 lanes with
+surviving coordinates only (cast as ``packed_values`` says, or as quantized codes in int32 lanes with
 error feedback), through one asynchronous ``dist.all_reduce``, and scatters the result back.
 """
 
@@ -11,14 +11,14 @@ import torch.distributed as dist
 
 from pactrain_hvd.torch.ddp.buckets import BucketPlan
 from pactrain_hvd.torch.ddp.state import PacTrainHookState
-from pactrain_hvd.torch.lanes import dequantize, encode, local_scale, stochastic_ternary
+from pactrain_hvd.torch.lanes import dequantize, encode, local_scale, stochastic_codes
 
 
-def _ternary_allreduce(state: PacTrainHookState, plan: BucketPlan, buffer: torch.Tensor,
+def _quantized_allreduce(state: PacTrainHookState, plan: BucketPlan, buffer: torch.Tensor,
                        group: dist.ProcessGroup) -> torch.futures.Future[torch.Tensor]:
     """Each parameter's survivors + error memory, one MAX all-reduce of their ``local_scale`` (a scale per
     parameter, as in the Horovod frontend, so nothing depends on how DDP groups parameters into
-    buckets), then their stochastic ternary codes summed in int32 lanes.
+    buckets), then their stochastic codes (ternary, int3) summed in int32 lanes.
 
     The MAX is waited for here, in the hook: a collective started from a future's callback would race
     with the next bucket's, and ranks could then issue them in different orders.
@@ -26,14 +26,15 @@ def _ternary_allreduce(state: PacTrainHookState, plan: BucketPlan, buffer: torch
     names, counts = zip(*plan.segments)
     parts = [state.memory.add(name, part) for name, part in
              zip(names, torch.take(buffer, plan.surviving).float().split(counts))]
-    scales = torch.stack([local_scale(part) for part in parts])
+    levels = state.lanes.levels
+    scales = torch.stack([local_scale(part, levels) for part in parts])
     dist.all_reduce(scales, op=dist.ReduceOp.MAX, group=group)
     values = torch.cat(parts)
     per_value = torch.repeat_interleave(scales, torch.tensor(counts, device=scales.device))
     noise = torch.cat([state.rounding_noise(name, count, values.device) for name, count in plan.segments])
-    ternary = stochastic_ternary(values, per_value, noise)
-    words = encode(ternary, state.lanes)
-    for name, value, sent in zip(names, parts, ternary.mul_(per_value).split(counts)):
+    codes = stochastic_codes(values, per_value, noise, levels)
+    words = encode(codes, state.lanes)
+    for name, value, sent in zip(names, parts, codes.mul_(per_value / levels).split(counts)):
         state.memory.store(name, value, sent)
     world_size = group.size()
 
@@ -67,7 +68,7 @@ def pactrain_hook(state: PacTrainHookState, bucket: dist.GradBucket) -> torch.fu
     if state.lanes is not None:
         # int32 words and one fp32 scale per parameter
         state.record(bucket, plan, 4 * (state.lanes.words(plan.kept) + len(plan.segments)))
-        return _ternary_allreduce(state, plan, buffer, group)
+        return _quantized_allreduce(state, plan, buffer, group)
     values = torch.take(buffer, plan.surviving).to(state.packed_dtype or buffer.dtype).div_(world_size)
     state.record(bucket, plan, values.numel() * values.element_size())
 

@@ -19,7 +19,7 @@ from pactrain_hvd.core import CheckpointError, PacTrainConfig, StepStats, Tensor
 from pactrain_hvd.core.config import config_arguments, pactrain_keywords
 from pactrain_hvd.core.cycle import PruningCycle
 from pactrain_hvd.core.encodings import ENCODINGS, packed_values_argument
-from pactrain_hvd.core.lanes import LaneLayout, ternary_layout
+from pactrain_hvd.core.lanes import LaneLayout, quantized_layout
 from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
 from pactrain_hvd.torch.checkpoint import saved_step_and_masks
 from pactrain_hvd.torch.ddp.buckets import BucketPlan, BucketPlans
@@ -91,7 +91,7 @@ class PacTrainHookState(PruningReadout):
         self.optimizer = optimizer
         world_size = dist.get_world_size(process_group)
         encoding = ENCODINGS[packed_values]
-        self.lanes: LaneLayout | None = ternary_layout(world_size) if encoding.quantized else None
+        self.lanes: LaneLayout | None = quantized_layout(world_size, encoding.levels) if encoding.quantized else None
         # None: the bucket's dtype; a quantized encoding's where lanes do not pay. Gloo and NCCL carry bfloat16.
         self.packed_dtype = None if encoding.wire is None else getattr(torch, encoding.wire)
         # Per parameter, not per bucket: DDP rebuilds its buckets after the first iteration (and a resumed

@@ -12,7 +12,7 @@ from conftest import assert_same_on_all_ranks, batch, gathered_equal, keras, los
 
 import pactrain_hvd.tensorflow as pt
 import pactrain_hvd.tensorflow.keras as ptk
-from pactrain_hvd.core.lanes import SCALE_BYTES, SCALE_OVER_MEAN, ternary_layout
+from pactrain_hvd.core.lanes import SCALE_BYTES, STEP_OVER_MEAN, quantized_layout
 from pactrain_hvd.tensorflow.compression import PACKED
 
 
@@ -34,13 +34,14 @@ def remapped(residual, old_indices, new_indices, numel):
     return dense[new_indices]
 
 
+@pytest.mark.parametrize("packed_values, levels", [("ternary", 1), ("int3", 3)])
 @pytest.mark.parametrize("op", [hvd.Average, hvd.Sum], ids=["average", "sum"])
-def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
-    size, layout = hvd.size(), ternary_layout(hvd.size())
+def test_quantized_gradients_are_the_mean_of_each_ranks_dequantized_codes(op, packed_values, levels):
+    size, layout = hvd.size(), quantized_layout(hvd.size(), levels)
     model = make_model()
     opt = keras.optimizers.SGD(0.05, momentum=0.9)
     # step 0 unmasked, 1 masked but dense (sparsity 0), 2 packed (new mask), 3 packed (mask changes again), 4 steady
-    state = pt.PacTrainState(op=op, packed_values="ternary", sparsity=0.9, ranking="layer", begin_step=1, end_step=3, frequency=1,
+    state = pt.PacTrainState(op=op, packed_values=packed_values, sparsity=0.9, ranking="layer", begin_step=1, end_step=3, frequency=1,
                              pack_min_numel=1000, optimizer=opt)
     step = tape_step(model, opt, state)
     variables = named(model.trainable_variables)
@@ -59,7 +60,7 @@ def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
         packed = sorted(name for name, c in state._compressors.items() if int(c.plan) == PACKED)
         large = sorted(n for n, v in variables.items() if v.shape.num_elements() >= 1000)
         assert packed == ([] if number < 2 else large)
-        assert stats["values"] == "ternary"
+        assert stats["values"] == packed_values
         for name in sorted(set(variables) - set(packed)):  # unpruned and dense-plan tensors: fp32, exact average
             reference = local[name] * masks[name] if name in masks else local[name]
             reference = hvd.allreduce(reference, op=op, name=f"ref.dense.{op}.{number}.{name}").numpy()
@@ -70,22 +71,23 @@ def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
             indices, numel = state._compressors[name].surviving_indices.numpy(), variables[name].shape.num_elements()
             residual = remapped(before[name], old_indices[name], indices, numel)
             values = local[name].numpy().reshape(-1)[indices] + residual  # error feedback: last step's error added
-            step_max = hvd.allreduce(SCALE_OVER_MEAN * tf.reduce_mean(tf.abs(values)), op=hvd.Max, name=f"ref.scale.{op}.{number}.{name}")
+            step_max = hvd.allreduce(levels * STEP_OVER_MEAN * tf.reduce_mean(tf.abs(values)), op=hvd.Max,
+                                     name=f"ref.scale.{op}.{number}.{name}")
             step_max = np.float32(step_max.numpy())
             # the first packed step agrees this step's MAX; later steps round at the one held from the step before
             assert np.isnan(held[name]) == (number == 2), (name, number, held[name])
             scale = step_max if np.isnan(held[name]) else held[name]
             assert state._ternary.scales[name].numpy() == pytest.approx(step_max, rel=1e-6)  # the next step's
-            dequantized = values - memory.residuals[name].numpy()  # what this rank sent: t * scale
-            ternary = np.round(dequantized / scale)
-            sent = dequantized[ternary != 0]
-            codes_ok = (np.all(np.abs(ternary) <= 1) and np.allclose(np.abs(sent), scale, rtol=1e-5)
-                        and np.allclose(ternary * scale, dequantized, rtol=1e-5, atol=1e-6))
-            assert all_true(codes_ok, f"codes.{op}.{number}.{name}"), f"{name}: a rank sent values other than t * scale"
-            summed = hvd.allreduce(tf.constant(ternary, tf.int32), op=hvd.Sum, name=f"ref.sum.{op}.{number}.{name}")
-            codes = hvd.allreduce(tf.constant(np.count_nonzero(ternary)), op=hvd.Sum, name=f"ref.n{op}.{number}.{name}")
-            assert int(codes) > 0  # hundreds of values, each sent with probability min(1, |v| / scale)
-            expected = summed.numpy().astype(np.float32) * scale / (size if op == hvd.Average else 1)
+            dequantized = values - memory.residuals[name].numpy()  # what this rank sent: q * step
+            step_size = scale / np.float32(levels)
+            quantized = np.round(dequantized / step_size)
+            codes_ok = (np.all(np.abs(quantized) <= levels)
+                        and np.allclose(quantized * step_size, dequantized, rtol=1e-5, atol=1e-6))
+            assert all_true(codes_ok, f"codes.{op}.{number}.{name}"), f"{name}: a rank sent values other than q * step"
+            summed = hvd.allreduce(tf.constant(quantized, tf.int32), op=hvd.Sum, name=f"ref.sum.{op}.{number}.{name}")
+            codes = hvd.allreduce(tf.constant(np.count_nonzero(quantized)), op=hvd.Sum, name=f"ref.n{op}.{number}.{name}")
+            assert int(codes) > 0  # hundreds of values, each sent with probability min(1, |v| / step) at least
+            expected = summed.numpy().astype(np.float32) * scale / levels / (size if op == hvd.Average else 1)
             got = grads[name].reshape(-1)
             close = np.allclose(got[indices], expected, rtol=1e-6, atol=0)
             pruned_zero = bool(np.all(grads[name][~masks[name]] == 0))
@@ -96,7 +98,7 @@ def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
             assert entry["sent_bytes"] == 4 * -(-indices.size // layout.lanes) + SCALE_BYTES
             assert entry["bits_per_value"] == pytest.approx(8 * entry["sent_bytes"] / indices.size)
         if packed:
-            assert stats["bits_per_value"] < 3  # 32 / 13 digits for 2 ranks, plus one scale per tensor
+            assert stats["bits_per_value"] < 32 / layout.lanes + 0.5  # ternary: 32 / 13 digits for 2 ranks, plus a scale
     assert step.experimental_get_tracing_count() == traces  # mask and plan changes did not retrace
     assert_same_on_all_ranks(variables)
     for name, mask in state.masks().items():
@@ -157,7 +159,7 @@ def test_keras_fit_with_ternary_values_learns_and_keeps_ranks_identical():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(packed_values="int8"), "packed_values must be one of 'inherit', 'fp16', 'bf16', 'ternary', got 'int8'"),
+    (dict(packed_values="int8"), "packed_values must be one of 'inherit', 'fp16', 'bf16', 'ternary', 'int3', got 'int8'"),
     (dict(packed_values="ternary", op=hvd.Max), "packed_values='ternary' sums integer codes: op must be hvd.Average or hvd.Sum, "
                                          "got Max"),
     (dict(packed_values="ternary", groups=2), "packed_values='ternary' cannot be combined with groups"),

@@ -12,7 +12,7 @@ from rescale_expectations import assert_rescaled_once
 
 import pactrain_hvd.torch as pt
 from pactrain_hvd.core import MaskMismatchError, magnitude_masks, num_to_keep
-from pactrain_hvd.core.lanes import SCALE_BYTES, ternary_layout
+from pactrain_hvd.core.lanes import SCALE_BYTES, quantized_layout
 
 PRUNABLE = ("conv1.weight", "conv2.weight", "fc.weight")
 
@@ -155,7 +155,7 @@ def test_a_prunable_tensor_whose_gradient_is_ready_first_travels_packed(packed_v
 def test_ternary_values_from_the_first_step():
     model, opt = fresh(schedule=pt.ConstantSparsity(0.95), packed_values="ternary")
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    layout = ternary_layout(hvd.size())
+    layout = quantized_layout(hvd.size())
     for step in range(3):
         one_step(model, opt, step)
         assert_every_prunable_tensor_packed(opt)

@@ -1,7 +1,8 @@
-"""packed_values='ternary': shared-scale ternary codes summed in int32 lanes by Horovod, with error feedback.
+"""packed_values='ternary' and 'int3': shared-scale codes summed in int32 lanes by Horovod, with error feedback.
 
 The scale of a tensor's codes is the one every rank holds: the MAX over ranks of the previous step's
-SCALE_OVER_MEAN x mean |value|, so the codes leave from the gradient hook; a tensor without one waits for this step's MAX."""
+levels x STEP_OVER_MEAN x mean |value|, so the codes leave from the gradient hook; a tensor without one waits for this
+step's MAX."""
 
 import copy
 
@@ -11,7 +12,7 @@ import torch
 from conftest import amp_step, assert_same_on_all_ranks, loss_of, make_model
 
 import pactrain_hvd.torch as pt
-from pactrain_hvd.core.lanes import SCALE_OVER_MEAN, ternary_layout
+from pactrain_hvd.core.lanes import STEP_OVER_MEAN, quantized_layout
 
 
 def named(model, prefix):
@@ -27,14 +28,16 @@ def all_true(flag: bool, name: str) -> bool:
     return bool(hvd.allreduce(torch.tensor([int(flag)]), op=hvd.Min, name=f"check.{name}").item())
 
 
+@pytest.mark.parametrize("packed_values, levels", [("ternary", 1), ("int3", 3)])
 @pytest.mark.parametrize("op", [hvd.Average, hvd.Sum])
-def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
+def test_quantized_gradients_are_the_mean_of_each_ranks_dequantized_codes(op, packed_values, levels):
     size = hvd.size()
     model = make_model()
-    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, f"t{op}"), op=op, packed_values="ternary",
+    prefix = f"t{op}{packed_values}"
+    opt = pt.DistributedOptimizer(sgd(model), named_parameters=named(model, prefix), op=op, packed_values=packed_values,
                                   sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=1000)
-    layout = ternary_layout(size)
-    ternary_names = [f"t{op}.conv2.weight", f"t{op}.fc.weight"]  # conv1 (432) stays dense
+    layout = quantized_layout(size, levels)
+    ternary_names = [f"{prefix}.conv2.weight", f"{prefix}.fc.weight"]  # conv1 (432) stays dense
     for step in range(5):  # step 0 ranks its masks before its reduction: packed from the first step
         twin = copy.deepcopy(model)
         loss_of(twin, step).backward()
@@ -47,7 +50,7 @@ def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
         masks = opt.masks()
         assert ternary_names == sorted(name for name, p in opt._parameters.items()
                                        if opt.pactrain_state._compressors[p].lanes is not None)
-        assert opt.stats()["values"] == "ternary"
+        assert opt.stats()["values"] == packed_values
         for name in ternary_names:  # before synchronize(): with a held scale the codes are on their way
             send = opt._handles[opt._parameters[name]][0]
             assert (send.words_handle is not None) == (held[name] is not None), name
@@ -59,16 +62,18 @@ def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
             values = local[name].reshape(-1)[indices]
             if residual_before[name] is not None:
                 values = values + residual_before[name]
-            step_max = hvd.allreduce((SCALE_OVER_MEAN * values.abs().mean()).reshape(1), op=hvd.Max, name=f"ref.scale.{name}")[0]
+            step_max = hvd.allreduce((levels * STEP_OVER_MEAN * values.abs().mean()).reshape(1), op=hvd.Max,
+                                     name=f"ref.scale.{name}")[0]
             scale = step_max if held[name] is None else held[name]
             assert torch.equal(opt.pactrain_state._ternary.scales[name], step_max), "the next scale is this step's MAX"
-            dequantized = values - opt.pactrain_state._ternary.memory.pending[name]  # what this rank sent: t * scale (no step
-            # is taken here, so this residual stays pending and the next iteration starts from the same memory)
-            ternary = torch.round(dequantized / scale)
-            codes_ok = bool(torch.all(ternary.abs() <= 1)) and torch.allclose(ternary * scale, dequantized, atol=1e-6)
-            assert all_true(codes_ok, f"codes.{name}.{step}"), f"{name}: a rank sent values that are not t * scale"
-            summed = hvd.allreduce(ternary.to(torch.int32), op=hvd.Sum, name=f"ref.sum.{name}")
-            expected = summed.float() * scale / (size if op == hvd.Average else 1)
+            dequantized = values - opt.pactrain_state._ternary.memory.pending[name]  # what this rank sent: q * step (no
+            # step is taken here, so this residual stays pending and the next iteration starts from the same memory)
+            codes = torch.round(dequantized / (scale / levels))
+            codes_ok = (bool(torch.all(codes.abs() <= levels))
+                        and torch.allclose(codes * (scale / levels), dequantized, atol=1e-6))
+            assert all_true(codes_ok, f"codes.{name}.{step}"), f"{name}: a rank sent values that are not q * step"
+            summed = hvd.allreduce(codes.to(torch.int32), op=hvd.Sum, name=f"ref.sum.{name}")
+            expected = summed.float() * scale / levels / (size if op == hvd.Average else 1)
             got = p.grad.reshape(-1)[indices]
             close = torch.allclose(got, expected, rtol=1e-6, atol=0)
             pruned_zero = bool(torch.all(p.grad[~masks[name]] == 0))
@@ -83,7 +88,7 @@ def test_ternary_gradients_are_the_mean_of_each_ranks_dequantized_codes(op):
             reference = hvd.allreduce(reference, op=op, name=f"ref.dense.{name}.{step}")
             ok = torch.allclose(opt._parameters[name].grad, reference, rtol=1e-6, atol=1e-7)
             assert all_true(ok, f"dense.{name}.{step}"), f"dense tensor {name} at step {step}"
-        assert stats["bits_per_value"] < 3  # 32 / 13 digits for 2 ranks, plus one scale per tensor
+        assert stats["bits_per_value"] < 32 / layout.lanes + 0.5  # ternary: 32 / 13 digits for 2 ranks, plus a scale
         with opt.skip_synchronize():
             opt.step()
     assert_same_on_all_ranks(dict(model.named_parameters()))
