@@ -100,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dense-from", type=Path, default=None, metavar="RESULTS_JSON",
                         help="another report's results.json (same protocol) whose dense runs of this report's seeds "
                              "set the *vs dense* column where this report has none of its own")
-    parser.add_argument("--values", nargs="+", choices=("fp32", "fp16", "ternary"), default=["fp32"],
+    parser.add_argument("--values", nargs="+", choices=("fp32", "fp16", "ternary", "int3"), default=["fp32"],
                         help="PacTrain packed-value encodings to compare (the examples' --packed-values; fp32: inherit)")
     parser.add_argument("--rankings", nargs="+", choices=RANKINGS, default=[DEFAULT_RANKING],
                         help="how sparsity is spread over tensors (the examples' --ranking)")

@@ -9,7 +9,7 @@ from pactrain_hvd.core.schedule import schedule_steps, short_ramp
 
 
 def add_pactrain_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--packed-values", choices=("inherit", "fp16", "ternary"), default="inherit",
+    parser.add_argument("--packed-values", choices=("inherit", "fp16", "ternary", "int3"), default="inherit",
                         help="how PacTrain sends packed (surviving) values; inherit leaves them to --fp16")
     parser.add_argument("--sparsity", type=float, default=0.9, help="final PacTrain sparsity; 0 is plain Horovod")
     parser.add_argument("--ranking", choices=RANKINGS, default=DEFAULT_RANKING,

@@ -9,7 +9,7 @@ Names follow the repository's benchmark (so that its records' curves match them)
 - ``powersgd`` (rank 4) or ``powersgd-r8``: a rank-``r`` factorisation ``P Q^T`` of every matrix-shaped
   gradient (rows = first dimension), all-reduced in two rounds (``P``, then ``Q``), error feedback.
 - ``pactrain-0.9`` (fp32 packed values), ``pactrain-0.9-fp16``, ``pactrain-0.9-bf16``,
-  ``pactrain-0.9-ternary``: PacTrain at sparsity 0.9; the suffix is the value encoding
+  ``pactrain-0.9-ternary``, ``pactrain-0.9-int3``: PacTrain at sparsity 0.9; the suffix is the value encoding
   (``packed_values``, ``pactrain_hvd.core.encodings``). Tensors the plan keeps dense travel fp32 with fp32
   values and fp16 otherwise (``compression=hvd.Compression.fp16``), as the repository's benchmark runs them.
 
@@ -17,7 +17,7 @@ Accuracy per step, and so a measured accuracy curve, does not depend on the numb
 method reduces a linear function of the summed gradient at a fixed global batch: ``dense``, ``fp16`` (up
 to rounding), PacTrain with fp32/fp16/bf16 values (the mask is shared, so the packed sum is the sum of
 the packed gradients), and PowerSGD approximately (its ``P`` and ``Q`` are computed from the summed
-gradient's projections, but the error memory is per worker). Top-k and ternary values carry per-worker
+gradient's projections, but the error memory is per worker). Top-k and quantized (ternary, int3) values carry per-worker
 state (each worker's own top-k set and error memory; each worker's rounding noise), so a curve measured
 on ``m`` workers holds for ``m`` workers only: ``Method.curve_portable`` says which.
 """
@@ -34,7 +34,7 @@ VALUES = ("fp32", "fp16", "bf16", "ternary", "int3")
 DEFAULT_TOPK_DENSITY = 0.01
 DEFAULT_POWERSGD_RANK = 4
 DEFAULT_METHODS = ("dense", "fp16", "topk", "topk-0.001", "powersgd", "pactrain-0.9", "pactrain-0.9-fp16",
-                   "pactrain-0.95-fp16", "pactrain-0.95-ternary", "pactrain-0.98-ternary")
+                   "pactrain-0.95-fp16", "pactrain-0.9-int3", "pactrain-0.95-ternary", "pactrain-0.98-ternary")
 # the planner's value names -> the library's packed_values= (fp32 values: "inherit" with no compression)
 PACKED_VALUES = {"fp32": "inherit", "fp16": "fp16", "bf16": "bf16", "ternary": "ternary", "int3": "int3"}
 
