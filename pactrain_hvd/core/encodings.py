@@ -2,9 +2,9 @@
 
 Dense and unpruned tensors always travel as ``compression`` says; an encoding decides only the
 packed buffer. The engines never ask for an encoding by name: they read its description here
-(wire dtype, whether its codes are quantized at a held scale) and look its wire dtype up in their
-own table of what their all-reduce carries. Adding an encoding is one entry below (plus, for a
-quantized one, its codec in each frontend).
+(wire dtype, and for codes quantized at a held scale their levels each side of zero) and look its wire
+dtype up in their own table of what their all-reduce carries. Adding an encoding is one entry below:
+quantized codes of any level count share one codec per frontend.
 """
 
 from __future__ import annotations

@@ -100,10 +100,11 @@ def local_scale(values: np.ndarray, levels: int = 1) -> np.float32:
     mean ``s * |v|``, and Adam divides by that. At the max of a heavy-tailed gradient the second
     moment of nearly every coordinate is inflated many times (the char-GPT with AdamW lost 46 %
     perplexity against fp16 values; reports/accuracy/ternary-mean-scale). At a small multiple of the mean most values
-    fall under ``s`` and are rounded without bias. A value beyond the scale is sent clipped and the error
-    memory carries the rest to later steps: with ternary values that delays the largest coordinates of
-    every step, which int3 values' three levels (a scale of 6 mean ``|value|``) mostly let through
-    (bench/results/tta/link-bound/int3-loopback).
+    fall under ``s`` and are rounded without bias. The factor 2 was chosen, not swept:
+    reports/accuracy/ternary-mean-scale has what it measured on both workloads. A value beyond the scale is
+    sent clipped and the error memory carries the rest to later steps: with ternary values that delays the
+    largest coordinates of every step, which int3's three levels (a scale of 6 mean ``|value|``) mostly let
+    through (bench/results/tta/link-bound/lower-sparsity-loopback and 10mbit-25ms-int3).
     """
     values = np.abs(np.asarray(values, dtype=np.float32))
     return np.float32(levels * STEP_OVER_MEAN) * values.mean(dtype=np.float32) if values.size else np.float32(0)
