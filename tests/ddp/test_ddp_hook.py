@@ -280,39 +280,41 @@ def scenario_fp16_wrapper_sends_dense_buckets_in_fp16():
     assert all(b["dense_bytes"] == 4 * b["numel"] for b in buckets)
 
 
-def scenario_ternary_values_and_their_exact_resume():
-    """``packed_values="ternary"``: each survivor's reduced gradient is the mean of the ranks' codes times the
-    shared scale; int32 lane words plus one scale per bucket on the wire; error memory and noise resume exactly."""
-    def make_ternary():
+def scenario_quantized_values_and_their_exact_resume(packed_values, levels, lanes_per_word):
+    """``packed_values="ternary"`` or ``"int3"``: each survivor's reduced gradient is the mean of the ranks' codes
+    times the shared step; int32 lane words plus one scale per bucket on the wire; error memory and noise resume
+    exactly."""
+    def make_quantized():
         torch.manual_seed(0)
         model = DDP(Net(), bucket_cap_mb=0.02)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         state = pt.ddp.PacTrainHookState(model, opt, sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0,
-                                         packed_values="ternary")
+                                         packed_values=packed_values)
         model.register_comm_hook(state, pt.ddp.pactrain_hook)
         return model, opt, state
 
-    reference, reference_opt, reference_state = make_ternary()
+    reference, reference_opt, reference_state = make_quantized()
     for index in range(6):
         step(reference, reference_opt, index)
     masks, lanes = reference_state.masks(), reference_state.lanes
-    assert lanes is not None and lanes.lanes == 13  # 2 ranks: base-5 digits, 13 per int32 word
+    assert lanes is not None and lanes.lanes == lanes_per_word  # 2 ranks: ternary 13 base-5 digits, int3 8 base-13
     buckets = reference_state.stats()["tensors"].values()
     assert all(b["packed"] for b in buckets)
     scales = len(list(reference.module.parameters()))  # one fp32 scale per parameter
     assert sum(b["sent_bytes"] for b in buckets) == 4 * sum(lanes.words(b["kept"]) for b in buckets) + 4 * scales
     grads = {name: p.grad for name, p in reference.module.named_parameters() if name in masks}
-    for name, grad in grads.items():  # mean of 2 ranks' codes in {-1, 0, 1} times a scale: 3 magnitudes
-        levels = torch.unique(grad[masks[name]].abs())
-        assert len(levels) <= 3, f"{name}: {len(levels)} magnitudes, not codes times one scale"
+    for name, grad in grads.items():  # mean of 2 ranks' codes in [-levels, levels] times a step: 2 levels + 1 magnitudes
+        magnitudes = torch.unique(grad[masks[name]].abs())
+        assert 1 < len(magnitudes) <= 2 * levels + 1, f"{name}: {len(magnitudes)} magnitudes, not codes times one step"
     assert all(torch.isfinite(r).all() for r in reference_state.memory.residuals.values())
     same_on_all_ranks(dict(reference.module.named_parameters()))
 
-    assert_resume_is_exact(make_ternary)
+    assert_resume_is_exact(make_quantized)
 
 
 SCENARIOS = {
-    "ternary_values": (scenario_ternary_values_and_their_exact_resume, ()),
+    "ternary_values": (scenario_quantized_values_and_their_exact_resume, ("ternary", 1, 13)),
+    "int3_values": (scenario_quantized_values_and_their_exact_resume, ("int3", 3, 8)),
     "fp16_values": (scenario_half_precision_values, ("fp16", 2e-3)),
     "bf16_values": (scenario_half_precision_values, ("bf16", 1.6e-2)),
     "fp16_wrapper": (scenario_fp16_wrapper_sends_dense_buckets_in_fp16, ()),
