@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from pactrain_hvd.core.encodings import ENCODINGS
 from pactrain_hvd.core.schedule import short_ramp
 
 DEFAULT_METHODS = ("dense", "fp16", "topk", "powersgd", "pactrain-0.8", "pactrain-0.8-fp16", "pactrain-0.9",
@@ -52,9 +53,14 @@ class MethodSpec:
     frontend: str = "horovod"  # horovod | ddp | tf (a tape loop) | keras (model.fit)
 
     @property
+    def levels(self) -> int:
+        """Code levels each side of 0 of PacTrain's quantized values (``core.encodings``); 0: not quantized."""
+        return ENCODINGS[self.packed_values].levels
+
+    @property
     def quantized_values(self) -> bool:
         """PacTrain with lane-packed codes (ternary, int3); whole tensors then travel fp16."""
-        return self.packed_values != "inherit"
+        return self.levels > 0
 
     @property
     def framework(self) -> str:

@@ -44,7 +44,6 @@ from benchmarks.model.step_model import (
     expected_step,
 )
 from pactrain_hvd.core import num_to_keep, should_pack
-from pactrain_hvd.core.encodings import ENCODINGS
 from pactrain_hvd.core.lanes import SCALE_BYTES, quantized_layout
 from pactrain_hvd.core.plan import DEFAULT_MIN_NUMEL
 
@@ -147,7 +146,7 @@ def build_plan(method: str, tensors: list[dict], world_size: int, forward_s: flo
                   Stage(unit * split["project_q_s"], ((q_bytes, ALLREDUCE, "float32"),))]
         return replace(plan, stages=stages, finish_s=unit * split["reconstruct_s"])
     if spec.kind == "pactrain":
-        layout = quantized_layout(world_size, ENCODINGS[spec.packed_values].levels) if spec.quantized_values else None
+        layout = quantized_layout(world_size, spec.levels) if spec.quantized_values else None
         packed_element = 2 if (spec.fp16_values or (spec.quantized_values and layout is None)) else 4
         dense_element = 2 if spec.fp16_values else 4  # as the benchmark's runs handed them to Horovod (their payload check)
         hooked = []

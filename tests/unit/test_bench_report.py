@@ -104,7 +104,7 @@ def test_parse_method_options_and_errors():
     spec = parse_method("pactrain-0.9-ternary-w0-0.3")
     assert (spec.sparsity, spec.packed_values, spec.window) == (0.9, "ternary", (0.0, 0.3))
     int3 = parse_method("pactrain-0.9-int3-w0-0")
-    assert (int3.packed_values, int3.quantized_values, int3.fp16_values) == ("int3", True, False)
+    assert (int3.packed_values, int3.levels, int3.quantized_values, int3.fp16_values) == ("int3", 3, True, False)
     fp16 = parse_method("pactrain-0.9-fp16")
     assert (fp16.packed_values, fp16.quantized_values, fp16.fp16_values) == ("inherit", False, True)
     with pytest.raises(ValueError, match="pruning window"):
