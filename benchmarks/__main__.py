@@ -6,6 +6,7 @@
     python -m benchmarks --models fashion-vgg --methods dense,tf-dense,tf-pactrain-0.9-fp16,keras-pactrain-0.9-fp16
     python -m benchmarks --report-only bench/results/<timestamp>.json
     python -m benchmarks tta --quick                  # time to accuracy (benchmarks/tta/tta.py)
+    python -m benchmarks protocol run benchmarks/protocol/evidence.toml   # the preregistered protocol
 
 Every rank gets its own namespace and emulated NIC (veth into a bridge namespace, tbf rate
 limit both ways); Horovod's Gloo rendezvous runs in the bridge namespace. Writes
@@ -52,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "the model the TensorFlow methods tf-NAME and keras-NAME run)")
     parser.add_argument("--methods", type=_list, default=None, help=f"comma list (default {','.join(DEFAULT_METHODS)})")
     parser.add_argument("--bandwidths", type=_list, default=None, help="comma list of 100mbit, 1gbit, unthrottled, ...")
-    parser.add_argument("--delay-ms", type=float, default=0.0, help="netem delay on every NIC (needs sch_netem)")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay on what every NIC receives (an NFQUEUE program; needs iptables)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
@@ -94,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.tta import tta
 
         return tta.main(argv[1:])
+    if argv[:1] == ["protocol"]:  # a preregistered time-to-accuracy protocol (benchmarks/protocol/run.py)
+        from benchmarks.protocol import run
+
+        return run.main(argv[1:])
     args = parse_args(argv)
     if args.report_only:
         results = json.loads(args.report_only.read_text())

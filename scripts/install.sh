@@ -27,7 +27,7 @@ else
   TFMOT_VERSION="${TFMOT_VERSION:-0.8.0}"
 fi
 CACHE_DIR="${PACTRAIN_CACHE:-$HOME/.cache/pactrain_hvd}"
-APT_PACKAGES=(openmpi-bin libopenmpi-dev build-essential cmake git iproute2 dataset-fashion-mnist)
+APT_PACKAGES=(openmpi-bin libopenmpi-dev build-essential cmake git iproute2 iptables dataset-fashion-mnist)
 
 log() { printf '\033[1m[install]\033[0m %s\n' "$*"; }
 

@@ -17,14 +17,20 @@ as configured for every method, in-place buffers.
 Tensors under ``min_compress_numel`` (biases, norms) travel dense for both, as in DGC, and
 with PacTrain's default plan threshold, so all methods treat small tensors alike.
 
-One module per part: ``topk.py`` and ``powersgd.py`` (each compressor and its optimizer), ``memory.py``,
+- ``DGCDistributedOptimizer``: Top-k with Deep Gradient Compression's corrections (``dgc.py``).
+- ``RandomKDistributedOptimizer``: a random index set every rank shares, all-reduced (``randomk.py``).
+
+One module per part: ``topk.py``, ``dgc.py``, ``randomk.py`` and ``powersgd.py`` (each its optimizer), ``memory.py``,
 ``communicator.py``, ``optimizer.py`` (what the optimizers share); this module names them all.
 """
 
 from benchmarks.baselines.communicator import AllgatherCommunicator, FusedAllreduceCommunicator
+from benchmarks.baselines.dgc import DGCDistributedOptimizer
 from benchmarks.baselines.memory import ResidualMemory
 from benchmarks.baselines.powersgd import PowerSGDCompressor, PowerSGDDistributedOptimizer, PowerSGDState
+from benchmarks.baselines.randomk import RandomKDistributedOptimizer
 from benchmarks.baselines.topk import TopKCompressor, TopKDistributedOptimizer
 
-__all__ = ["AllgatherCommunicator", "FusedAllreduceCommunicator", "PowerSGDCompressor", "PowerSGDDistributedOptimizer",
-           "PowerSGDState", "ResidualMemory", "TopKCompressor", "TopKDistributedOptimizer"]
+__all__ = ["AllgatherCommunicator", "DGCDistributedOptimizer", "FusedAllreduceCommunicator", "PowerSGDCompressor",
+           "PowerSGDDistributedOptimizer", "PowerSGDState", "RandomKDistributedOptimizer", "ResidualMemory",
+           "TopKCompressor", "TopKDistributedOptimizer"]

@@ -1,6 +1,8 @@
 """Method names of the benchmark and what they mean (no Horovod import: the harness parses them too).
 
-``dense``, ``fp16``, ``topk`` (1 %; ``topk-0.001``: 0.1 %, DGC's ratio; error feedback), ``powersgd`` (rank 4;
+``dense``, ``fp16``, ``topk`` (1 %; ``topk-0.001``: 0.1 %, DGC's ratio; error feedback), ``dgc-0.001`` (Top-k with
+DGC's corrections, fp16 values, narrow indices: ``baselines/dgc.py``), ``randomk-0.1`` (a random index set every rank
+shares, all-reduced with no indices: ``baselines/randomk.py``), ``powersgd`` (rank 4;
 ``powersgd-r8``: rank 8; error feedback and warm start, compressing from the first step),
 ``pactrain-0.9`` (fp32 values), ``pactrain-0.9-fp16``, ``pactrain-0.9-ternary`` (shared-scale ternary
 codes in int32 lanes, ``packed_values="ternary"``), ``pactrain-0.9-int3`` (codes in [-3, 3], ``"int3"``). A PacTrain name may end in a pruning window as fractions of
@@ -40,7 +42,7 @@ TF_METHODS = ("tf-dense", "tf-fp16", "tf-pactrain-0.9-fp16", "tf-pactrain-0.9-te
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
-    kind: str  # dense | fp16 | topk | powersgd | pactrain
+    kind: str  # dense | fp16 | topk | dgc | randomk | powersgd | pactrain
     sparsity: float = 0.0
     fp16_values: bool = False
     packed_values: str = "inherit"  # PacTrain: the packed_values= argument
@@ -71,7 +73,7 @@ def parse_method(name: str) -> MethodSpec:
     """``"pactrain-0.9-fp16"`` -> ``MethodSpec(kind="pactrain", sparsity=0.9, fp16_values=True)``."""
     if name == "ddp" or name.startswith("ddp-"):
         spec = parse_method(name[4:] if name != "ddp" else "dense")
-        if spec.kind == "topk" or spec.frontend == "ddp":
+        if spec.kind in ("topk", "dgc", "randomk") or spec.frontend == "ddp":
             raise ValueError(f"method {name!r}: DDP runs dense, fp16, powersgd and pactrain methods")
         return replace(spec, name=name, frontend="ddp")
     frontend, _, rest = name.partition("-")
@@ -89,6 +91,11 @@ def parse_method(name: str) -> MethodSpec:
         if not 0 < density <= 1:
             raise ValueError(f"method {name!r}: Top-k density must be in (0, 1]")
         return MethodSpec(name, "topk", density=density)
+    if match := re.fullmatch(r"(dgc|randomk)-(0?\.\d+)", name):
+        density = float(match.group(2))
+        if not 0 < density < 1:
+            raise ValueError(f"method {name!r}: the density must be in (0, 1)")
+        return MethodSpec(name, match.group(1), density=density)
     if match := re.fullmatch(r"powersgd(?:-r(\d+))?", name):
         rank = int(match.group(1)) if match.group(1) else POWERSGD_RANK
         if rank < 1:
@@ -104,7 +111,8 @@ def parse_method(name: str) -> MethodSpec:
         return MethodSpec(name, "pactrain", sparsity=float(match.group(1)), fp16_values=values == "fp16",
                           packed_values="inherit" if values == "fp16" else values, window=window, ramp=ramp,
                           local_steps=int(match.group(6) or 0), rescale_survivors=bool(match.group(7)))
-    raise ValueError(f"unknown method {name!r}: use dense, fp16, topk[-DENSITY], powersgd[-rRANK], "
+    raise ValueError(f"unknown method {name!r}: use dense, fp16, topk[-DENSITY], dgc-DENSITY, randomk-DENSITY, "
+                     "powersgd[-rRANK], "
                      "pactrain-SPARSITY[-fp16|-ternary|-int3][-wBEGIN-END|-rampSTEPS][-localSTEPS][-rescale], each also as ddp-NAME (ddp alone: dense); "
                      "dense, fp16 and pactrain also as tf-NAME (tape loop) and keras-NAME (model.fit)")
 

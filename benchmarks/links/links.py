@@ -7,7 +7,8 @@ Topology (``prefix`` = ``ptb-<harness pid>-``)::
     ...                                              ┘
 
 Each rank has its own full-duplex "NIC": a token bucket (tbf) on the worker end shapes what it
-sends, another on the bridge end shapes what it receives. Everything lives in namespaces this
+sends, another on the bridge end shapes what it receives; a delay, where asked, holds what it receives
+(``delay.py``, an NFQUEUE program: this kernel has no ``sch_netem``). Everything lives in namespaces this
 module creates, with private addresses, and ``Topology.teardown`` deletes them all (deleting a
 namespace deletes its veth ends and the bridge). Requires root (CAP_NET_ADMIN) and iproute2.
 """
@@ -21,6 +22,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,20 +82,29 @@ def tbf_burst_bytes(rate_mbit: float) -> int:
 
 
 def shaping_commands(namespace: str, device: str, link: LinkSpec) -> list[list[str]]:
-    """``tc`` commands that give ``device`` (in ``namespace``) the link's egress shape, from scratch."""
+    """``tc`` commands that give ``device`` (in ``namespace``) the link's egress rate, from scratch (its delay is
+    ``delay_commands``')."""
     commands = [["tc", "-n", namespace, "qdisc", "del", "dev", device, "root"]]  # may fail: nothing there
-    if link.rate_mbit is None and not link.delay_ms:
+    if link.rate_mbit is None:
         return commands
-    tbf = ["tbf", "rate", f"{link.rate_mbit:g}mbit", "burst", str(tbf_burst_bytes(link.rate_mbit)),
-           "latency", f"{TBF_LATENCY_MS}ms"] if link.rate_mbit is not None else None
-    if link.delay_ms:
-        commands.append(["tc", "-n", namespace, "qdisc", "add", "dev", device, "root", "handle", "1:",
-                         "netem", "delay", f"{link.delay_ms:g}ms"])
-        if tbf:
-            commands.append(["tc", "-n", namespace, "qdisc", "add", "dev", device, "parent", "1:1", "handle", "10:", *tbf])
-    else:
-        commands.append(["tc", "-n", namespace, "qdisc", "add", "dev", device, "root", *tbf])
+    commands.append(["tc", "-n", namespace, "qdisc", "add", "dev", device, "root", "tbf", "rate",
+                     f"{link.rate_mbit:g}mbit", "burst", str(tbf_burst_bytes(link.rate_mbit)),
+                     "latency", f"{TBF_LATENCY_MS}ms"])
     return commands
+
+
+def delay_commands(namespace: str, device: str, delay_ms: float) -> tuple[list[str], list[str]]:
+    """The firewall rule that queues what ``device`` receives, and the program that releases it ``delay_ms`` later.
+
+    The delay sits on the receiving side, after the packet has left its sender's namespace: a packet held in
+    the sender's own stack would count against TCP's small-queue limit and cut the rate (a 20 ms hold there
+    gives 2 Mbit/s of 10); here the sender has already let it go, as it has on a real long link.
+    """
+    rule = ["ip", "netns", "exec", namespace, "iptables-legacy", "-A", "INPUT", "-i", device, "-j", "NFQUEUE",
+            "--queue-num", "0"]
+    program = ["ip", "netns", "exec", namespace, sys.executable, "-m", "benchmarks.links.delay",
+               "--delay-ms", f"{delay_ms:g}"]
+    return rule, program
 
 
 def run(command: list[str], check: bool = True) -> subprocess.CompletedProcess:
@@ -226,6 +237,7 @@ class Topology:
     world_size: int
     prefix: str = field(default_factory=lambda: f"{NAME_ROOT}{os.getpid()}-")
     created: list[str] = field(default_factory=list)
+    delays: list[subprocess.Popen] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not 1 <= self.world_size < BRIDGE_HOST:
@@ -283,6 +295,22 @@ class Topology:
                 run(delete, check=False)
                 for command in adds:
                     run(command)
+        if link.delay_ms:
+            self.delay(link.delay_ms)
+
+    def delay(self, delay_ms: float) -> None:
+        """Hold every packet a rank's NIC receives for ``delay_ms``: two ranks then see twice that round trip."""
+        if shutil.which("iptables-legacy") is None:
+            raise LinkError("a link delay needs iptables-legacy (Debian package iptables): this kernel has no sch_netem")
+        for rank in range(self.world_size):
+            rule, program = delay_commands(self.worker_namespace(rank), self.worker_device(rank), delay_ms)
+            run(rule)
+            process = subprocess.Popen(program, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                       cwd=Path(__file__).resolve().parents[2])
+            self.delays.append(process)
+            if process.stdout.readline().strip() != "ready":
+                raise LinkError(f"the delay program in {self.worker_namespace(rank)} did not start: "
+                                f"{process.stderr.read().strip()}")
 
     def qdiscs(self, rank: int) -> str:
         """``tc qdisc show`` of the rank's NIC, for the results file."""
@@ -297,5 +325,9 @@ class Topology:
 
     def teardown(self) -> None:
         """Delete every namespace this topology created (workers first); safe to call twice."""
+        while self.delays:
+            process = self.delays.pop()
+            process.kill()
+            process.wait()
         while self.created:
             delete_namespace(self.created.pop())

@@ -9,6 +9,7 @@ from benchmarks.links.links import Topology, in_namespace
 from benchmarks.runner.processes import Processes, child_env, python_module, read_line
 
 PROBE_PORT = 5201
+ECHO_PORT = 5202
 
 
 def probe_link(topology: Topology, processes: Processes, rank: int, seconds: float) -> dict:
@@ -37,3 +38,22 @@ def probe_links(topology: Topology, processes: Processes, seconds: float) -> dic
     probes = [probe_link(topology, processes, rank, seconds) for rank in range(topology.world_size)]
     return {"probes": probes, "mbit_per_s": min(p["mbit_per_s"] for p in probes),
             "qdisc": topology.qdiscs(0)}
+
+
+def probe_round_trip(topology: Topology, processes: Processes) -> float:
+    """Median TCP round trip (ms) of one-byte messages from rank 0 to rank 1, on the idle emulated links."""
+    address = topology.worker_address(1)
+    server = processes.start(in_namespace(topology.worker_namespace(1), python_module(
+        "benchmarks.links.probe", "echo", "--host", address, "--port", str(ECHO_PORT))),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+    try:
+        if read_line(server, 30) != "ready":
+            raise RuntimeError(f"echo server in {topology.worker_namespace(1)} did not start: {server.stderr.read()}")
+        pinger = subprocess.run(in_namespace(topology.worker_namespace(0), python_module(
+            "benchmarks.links.probe", "ping", "--host", address, "--port", str(ECHO_PORT))),
+            capture_output=True, text=True, env=child_env(), timeout=120)
+        if pinger.returncode != 0:
+            raise RuntimeError(f"ping from {topology.worker_namespace(0)} failed: {pinger.stderr.strip()}")
+        return json.loads(pinger.stdout)["rtt_ms"]
+    finally:
+        processes.stop(server)

@@ -27,7 +27,12 @@ import torch
 from horovod.torch.compression import FP16Compressor
 
 import pactrain_hvd.torch as pt
-from benchmarks.baselines.baselines import PowerSGDDistributedOptimizer, TopKDistributedOptimizer
+from benchmarks.baselines.baselines import (
+    DGCDistributedOptimizer,
+    PowerSGDDistributedOptimizer,
+    RandomKDistributedOptimizer,
+    TopKDistributedOptimizer,
+)
 from benchmarks.common import ddp_methods
 from benchmarks.common.methods import MethodSpec, parse_method, pruning_schedule
 from benchmarks.common.models import build, loss_fn, synthetic_batch
@@ -41,7 +46,7 @@ MOMENTUM = 0.9
 
 
 def make_distributed_optimizer(spec: MethodSpec, optimizer: torch.optim.Optimizer, model: torch.nn.Module,
-                               clock: PhaseClock, total_steps: int | None = None):
+                               clock: PhaseClock, total_steps: int | None = None, clip_norm: float = 0.0):
     """The method's distributed optimizer, with its compression code timed by ``clock``.
 
     Every method is built with Horovod's defaults (fusion threshold, cycle time) unchanged. PacTrain
@@ -58,6 +63,11 @@ def make_distributed_optimizer(spec: MethodSpec, optimizer: torch.optim.Optimize
         return hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=hvd.Compression.fp16)
     if spec.kind == "topk":
         return TopKDistributedOptimizer(optimizer, named, density=spec.density, clock=clock)
+    if spec.kind == "dgc":
+        return DGCDistributedOptimizer(optimizer, named, density=spec.density, total_steps=total_steps or 1,
+                                       clip_norm=clip_norm, clock=clock)
+    if spec.kind == "randomk":
+        return RandomKDistributedOptimizer(optimizer, named, density=spec.density, clock=clock)
     if spec.kind == "powersgd":
         return PowerSGDDistributedOptimizer(optimizer, named, rank=spec.rank, clock=clock)
     if spec.kind == "pactrain":

@@ -49,12 +49,14 @@ IMAGE_SPEC, LABEL_SPEC = tf.TensorSpec([None, 28, 28, 1], tf.float32), tf.Tensor
 
 
 class Batches:
-    """This rank's training batches in torch's order: ``DistributedSampler(shuffle=True, seed=0)`` from epoch 1,
-    whole batches only (``drop_last``), as the torch worker's loader."""
+    """This rank's training batches in torch's order: ``DistributedSampler(shuffle=True, seed=data_seed)`` from
+    epoch 1, whole batches only (``drop_last``), as the torch worker's loader."""
 
-    def __init__(self, images: np.ndarray, labels: np.ndarray, batch_size: int, rank: int, size: int) -> None:
+    def __init__(self, images: np.ndarray, labels: np.ndarray, batch_size: int, rank: int, size: int,
+                 data_seed: int = 0) -> None:
         self.images, self.labels, self.batch_size = images, labels, batch_size
-        self.sampler = DistributedSampler(range(len(images)), num_replicas=size, rank=rank, shuffle=True, seed=0)
+        self.sampler = DistributedSampler(range(len(images)), num_replicas=size, rank=rank, shuffle=True,
+                                          seed=data_seed)
         self.epoch, self.order, self.position = 0, np.zeros(0, np.int64), 0
 
     def next(self) -> tuple[np.ndarray, np.ndarray]:
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     fashion = example("tensorflow2_fashion_mnist")
     batch_size = args.batch_size or 64
     images, labels = load_fashion_mnist("train")
-    batches = Batches(fashion.normalized(images), labels, batch_size, rank, size)
+    batches = Batches(fashion.normalized(images), labels, batch_size, rank, size, args.data_seed)
     test_images, test_labels = load_fashion_mnist("test")
     test_images, test_labels = fashion.normalized(test_images[:args.eval_samples]), test_labels[:args.eval_samples]
     mine = np.arange(len(test_images))[rank::size]  # DistributedSampler(shuffle=False): every size-th from rank

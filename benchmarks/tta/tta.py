@@ -62,7 +62,7 @@ def worker_command(args: argparse.Namespace, workload: str, method: str, out: Pa
     flags = ["--workload", workload, "--method", method, "--steps", str(steps or args.steps), "--eval-every",
              str(args.eval_every), "--budget-s", str(0.0 if compute_only else args.budget_s),
              "--eval-samples", str(args.eval_samples), "--eval-batches", str(args.eval_batches),
-             "--seed", str(args.seed), "--out", str(out),
+             "--seed", str(args.seed), "--data-seed", str(args.data_seed), "--out", str(out),
              *(["--batch-size", str(args.batch_size)] if args.batch_size else [])]
     module = "benchmarks.tta.tf_tta_worker" if is_tensorflow(method) else "benchmarks.tta.tta_worker"
     return python_module(module, *flags, *(["--compute-only"] if compute_only else []))
@@ -174,6 +174,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-samples", type=int, default=10000, help="image: test images per evaluation")
     parser.add_argument("--eval-batches", type=int, default=20, help="language: validation batches per worker")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--data-seed", type=int, default=0, help="image: the order of the training batches")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="per worker (image 64, language 16); the learning rate follows the global batch")
     parser.add_argument("--cycle-time-ms", type=float, default=5.0,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from benchmarks.common.methods import parse_method
 
-PEER_KINDS = ("fp16", "topk", "powersgd")  # at any density or rank; on DDP: torch's own fp16 and PowerSGD hooks
+PEER_KINDS = ("fp16", "topk", "dgc", "randomk", "powersgd")  # at any density or rank; on DDP: torch's own fp16 and PowerSGD hooks
 
 
 def is_peer(method: str) -> bool:

@@ -68,11 +68,11 @@ class Workload:
     global_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None  # the same on every rank
 
 
-def image(batch_size: int, eval_samples: int, rank: int, size: int) -> Workload:
+def image(batch_size: int, eval_samples: int, rank: int, size: int, data_seed: int = 0) -> Workload:
     fashion = example("pytorch_fashion_mnist")
     images, labels = load_fashion_mnist("train")
     train = TensorDataset(torch.from_numpy(images).unsqueeze(1), torch.from_numpy(labels))
-    sampler = DistributedSampler(train, num_replicas=size, rank=rank, shuffle=True, seed=0)
+    sampler = DistributedSampler(train, num_replicas=size, rank=rank, shuffle=True, seed=data_seed)
     loader = DataLoader(train, batch_size=batch_size, sampler=sampler, drop_last=True)
     images, labels = load_fashion_mnist("test")
     test = TensorDataset(torch.from_numpy(images[:eval_samples]).unsqueeze(1), torch.from_numpy(labels[:eval_samples]))
@@ -81,7 +81,7 @@ def image(batch_size: int, eval_samples: int, rank: int, size: int) -> Workload:
     model = fashion.FashionVGG()
     # Every rank draws the same global batches (batch_size x size) from its own seeded generator.
     same_everywhere = iter(DataLoader(train, batch_size=batch_size * size, shuffle=True, drop_last=True,
-                                      generator=torch.Generator().manual_seed(1)))
+                                      generator=torch.Generator().manual_seed(data_seed + 1)))
 
     def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
         batch = next(state["batches"], None)
@@ -135,7 +135,7 @@ def language(batch_size: int, eval_batches: int, rank: int, size: int, seed: int
 
 def build_workload(args: argparse.Namespace, rank: int, size: int) -> Workload:
     if args.workload == "image":
-        return image(args.batch_size or 64, args.eval_samples, rank, size)
+        return image(args.batch_size or 64, args.eval_samples, rank, size, args.data_seed)
     return language(args.batch_size or 16, args.eval_batches, rank, size, args.seed)
 
 
@@ -175,6 +175,7 @@ def broadcast_unless_identical(model: torch.nn.Module) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
     args = parse_args(argv, doc=__doc__)
     torch.set_num_threads(args.threads)
     if not args.compute_only:
@@ -196,15 +197,17 @@ def main(argv: list[str] | None = None) -> int:
         forward, reporter = ddp_methods.wrap(spec, model, optimizer, args.steps)
     elif not args.compute_only:
         local_s = train_alike(workload, optimizer, spec.local_steps) if spec.local_steps else 0.0
-        trainer = reporter = make_distributed_optimizer(spec, optimizer, model, clock, total_steps=args.steps)
+        trainer = reporter = make_distributed_optimizer(spec, optimizer, model, clock, total_steps=args.steps,
+                                                        clip_norm=workload.clip_norm)
         broadcast = broadcast_unless_identical(model)
     tx = tx_counter(args.device)
     tx_start, train_s, curve, step_s, losses = tx(), local_s, [], [], []
     handed, packed = [], []  # per step, PacTrain only
+    eval_elapsed_s, eval_s = [], []  # seconds since this process started at the end of each evaluation; its cost
     phases: dict[str, list[float]] = {name: [] for name in ("compute", "compress", "comm_wait", "update")}  # per step
     synchronizes = trainer is not optimizer  # Horovod's optimizer: synchronize(), then step
     clip = ((lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), workload.clip_norm))
-            if workload.clip_norm else None)
+            if workload.clip_norm and spec.kind != "dgc" else None)  # DGC clips each worker's gradient instead
 
     def compute_loss() -> torch.Tensor:
         inputs, targets = workload.next_batch()
@@ -223,9 +226,12 @@ def main(argv: list[str] | None = None) -> int:
         for name, series in phases.items():
             series.append(getattr(times, name))
         if not args.compute_only and (step % args.eval_every == 0 or step == args.steps):
+            evaluated = time.perf_counter()
             metric = workload.evaluate(f"tta.eval.{step}")
             model.train()
+            eval_s.append(time.perf_counter() - evaluated)
             curve.append([train_s, step, metric, tx() - tx_start])
+            eval_elapsed_s.append(time.perf_counter() - started)
             if rank == 0:
                 print(f"step {step}: {workload.metric} {metric:.4f} after {train_s:.1f} s of training", flush=True)
             if args.budget_s and past_budget(train_s, args.budget_s):
@@ -238,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
               "parameters": sum(p.numel() for p in model.parameters()),
               "sparsity": stats["sparsity"] if stats else 0.0, "compute_only": args.compute_only,
               "handed_bytes": handed, "packed_tensors": packed, "local_steps": spec.local_steps, "local_s": local_s,
-              "broadcast": broadcast}
+              "broadcast": broadcast, "data_seed": args.data_seed, "eval_elapsed_s": eval_elapsed_s, "eval_s": eval_s,
+              "elapsed_s": time.perf_counter() - started}
     Path(args.out).write_text(json.dumps(record) + "\n")
     if dist.is_initialized():
         dist.destroy_process_group()

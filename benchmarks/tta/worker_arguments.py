@@ -20,7 +20,8 @@ def parse_args(argv: list[str] | None, prog: str = "python -m benchmarks.tta.tta
     parser.add_argument("--batch-size", type=int, default=None, help="per worker (image 64, language 16)")
     parser.add_argument("--budget-s", type=float, default=0.0,
                         help="stop at the first evaluation after this many training seconds (0: run every step)")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1, help="model initialisation (and the language batches)")
+    parser.add_argument("--data-seed", type=int, default=0, help="image: the order of the training batches")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--compute-only", action="store_true", help="no Horovod: the compute bound")
     parser.add_argument("--device", default=os.environ.get("HOROVOD_GLOO_IFACE", ""), help="NIC to count")

@@ -5,7 +5,15 @@ import subprocess
 
 import pytest
 
-from benchmarks.links.links import LinkSpec, Topology, parse_link, shaping_commands, stale_namespaces, tbf_burst_bytes
+from benchmarks.links.links import (
+    LinkSpec,
+    Topology,
+    delay_commands,
+    parse_link,
+    shaping_commands,
+    stale_namespaces,
+    tbf_burst_bytes,
+)
 
 
 @pytest.mark.parametrize("text, rate, label", [
@@ -41,10 +49,13 @@ def test_shaping_commands_tbf_only():
     assert len(commands) == 2
 
 
-def test_shaping_commands_netem_then_tbf_child():
+def test_a_delay_is_not_a_qdisc_but_a_queue_on_the_receiving_side():
+    """No sch_netem in this kernel: tc keeps the rate, an NFQUEUE rule on INPUT and ``delay.py`` the delay."""
     commands = shaping_commands("ns", "dev0", LinkSpec(1000.0, delay_ms=1.5))
-    assert commands[1][-5:] == ["handle", "1:", "netem", "delay", "1.5ms"]
-    assert commands[2][7:11] == ["parent", "1:1", "handle", "10:"] and "tbf" in commands[2]
+    assert len(commands) == 2 and "tbf" in commands[1] and "netem" not in commands[1]
+    rule, program = delay_commands("ns", "dev0", 1.5)
+    assert rule[4:] == ["iptables-legacy", "-A", "INPUT", "-i", "dev0", "-j", "NFQUEUE", "--queue-num", "0"]
+    assert program[:4] == ["ip", "netns", "exec", "ns"] and program[-4:] == ["-m", "benchmarks.links.delay", "--delay-ms", "1.5"]
 
 
 def test_unthrottled_only_clears_the_qdisc():

@@ -1,0 +1,132 @@
+"""The protocol's report, built from its record by ``verdicts.py``: verdicts.json, results.md, one picture per cell."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from benchmarks.protocol.spec import Protocol
+from benchmarks.protocol.verdicts import NEVER, median, seed_times, verdicts
+
+TARGET_STEPS = 9  # the picture's targets: fp16's final less 0 to 2 pp (accuracy), or times 1.00 to 1.08 (perplexity)
+
+
+def seconds(value: float | None) -> str:
+    return "never" if value is None or value == NEVER else f"{value:.0f} s"
+
+
+def ratio_text(value: float | None) -> str:
+    if value is None:
+        return "neither reaches it"
+    return "∞ (peer never)" if value == NEVER else f"{value:.2f}x"
+
+
+def selection_markdown(protocol: Protocol, chosen: dict) -> list[str]:
+    goal = chosen["target"]
+    lines = [f"## Selection: `{chosen['cell']}`, seed {', '.join(map(str, protocol.selection_seeds))}", "",
+             f"Target {goal:.4f}." if goal is not None else "Target: pending (the reference's loopback run).", "",
+             "| family | candidate | training time to target | final metric | chosen |", "|---|---|---:|---:|---|"]
+    for name, row in chosen["families"].items():
+        family = protocol.families[name]
+        for method in family.candidates:
+            result = row["candidates"].get(method)
+            cells = (seconds(result["train_s"]), f"{result['final']:.4f}") if result else ("pending", "")
+            lines.append(f"| {name} | `{method}` | {cells[0]} | {cells[1]} | {'yes' if method == row['chosen'] else ''} |")
+    waiting = [f.name for f in protocol.families.values() if not f.available]
+    if waiting:
+        lines += ["", f"Preregistered, not yet runnable: {', '.join(waiting)}."]
+    return lines
+
+
+def cell_markdown(protocol: Protocol, result: dict) -> list[str]:
+    cell = protocol.cells[result["cell"]]
+    lines = [f"## `{cell.name}`: {cell.workload}, {cell.link}, {cell.rtt_ms:g} ms round trip, "
+             f"{protocol.workers} workers, {cell.cycle_ms:g} ms cycle", "", f"Regime: {result['regime']}."]
+    if result["target"] is not None:
+        lines += ["", f"Target {result['target']:.4f}."]
+    if result.get("pending"):
+        lines += ["", f"Pending: {result['pending']}."]
+    seeds = protocol.final_seeds
+    lines += ["", "| family | method | " + " | ".join(f"seed {s} train / wall" for s in seeds) + " | median train | median wall |",
+              "|---|---|" + "---:|" * (len(seeds) + 2)]
+    for name, row in result["families"].items():
+        per_seed = [f"{seconds(row['seeds'][s]['train'])} / {seconds(row['seeds'][s]['wall'])}" if s in row["seeds"]
+                    else "pending" for s in seeds]
+        lines.append(f"| {name} | `{row['method']}` | {' | '.join(per_seed)} | {seconds(row['median_train_s'])} | "
+                     f"{seconds(row['median_wall_s'])} |")
+    return lines
+
+
+def verdict_rows(protocol: Protocol, result: dict) -> list[str]:
+    rows = []
+    for family, verdict in result.get("verdicts", {}).items():
+        train, wall = verdict["train"], verdict["wall"]
+        rows.append(f"| `{result['cell']}` | {result['regime'].split(' (')[0]} | {family} | {train['best_peer']} | "
+                    f"{ratio_text(train['ratio'])} | {train['sooner_seeds']} of {len(train['seeds'])} | "
+                    f"**{train['outcome']}** | {wall['outcome']} ({ratio_text(wall['ratio'])}) | "
+                    f"{train['against_reference']['outcome']} ({ratio_text(train['against_reference']['ratio'])}) |")
+    if not rows:
+        rows.append(f"| `{result['cell']}` | {result['regime'].split(' (')[0]} | pending | | | | | | |")
+    return rows
+
+
+def plot_cell(protocol: Protocol, record: dict, result: dict, path: Path) -> None:
+    """Median time to target (band: fastest to slowest seed) against the target, one line per family."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cell = protocol.cells[result["cell"]]
+    workload = protocol.workloads[cell.workload]
+    finals = [r["curve"][-1][2] for s in protocol.final_seeds
+              for r in record["runs"] if r["cell"] == f"loopback/{cell.workload}" and r["seed"] == s]
+    reference = median(finals)
+    goals = ([reference - 0.0025 * i for i in range(TARGET_STEPS)] if workload.higher_is_better
+             else [reference * (1 + 0.01 * i) for i in range(TARGET_STEPS)])
+    figure, axis = plt.subplots(figsize=(7, 4.2))
+    for name, row in result["families"].items():
+        series = [[t["train"] for t in seed_times(protocol, record, cell.name, row["method"], protocol.final_seeds, g).values()]
+                  for g in goals]
+        mid = [median(s) for s in series]
+        axis.plot(goals, [m if m < NEVER else math.nan for m in mid], marker="o", markersize=3, label=f"{name}: {row['method']}")
+        axis.fill_between(goals, [min(s) if s and min(s) < NEVER else math.nan for s in series],
+                          [max(s) if s and max(s) < NEVER else math.nan for s in series], alpha=0.15)
+    axis.axvline(result["target"], color="grey", linestyle="--", linewidth=1, label="protocol target")
+    axis.set_xlabel("target " + ("test accuracy" if workload.higher_is_better else "validation perplexity"))
+    axis.set_ylabel("training seconds to target")
+    if workload.higher_is_better:
+        axis.invert_xaxis()
+    axis.set_title(f"{cell.name}: median of {len(protocol.final_seeds)} seeds, band from fastest to slowest")
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def write(protocol: Protocol, record: dict, out: Path) -> str:
+    """Write verdicts.json, results.md and the pictures into ``out``; returns the Markdown."""
+    out.mkdir(parents=True, exist_ok=True)
+    computed = verdicts(protocol, record)
+    (out / "verdicts.json").write_text(json.dumps(computed, indent=1, sort_keys=True) + "\n")
+    lines = [f"# Protocol `{protocol.name}`: verdicts", "",
+             f"Built by `python -m benchmarks protocol report {protocol.path}` from `record.json` alone "
+             f"(protocol digest `{protocol.digest[:12]}`). Rules: a family's time is the median over seeds "
+             f"{', '.join(map(str, protocol.final_seeds))}; PacTrain wins a cell when it reaches the target at least "
+             f"{protocol.ratio:g}x sooner than the best peer's median and sooner on at least {protocol.seeds_to_win} "
+             "seeds, loses when the best peer does the same, and ties otherwise.", "",
+             "| cell | regime | PacTrain family | best peer (training clock) | ratio | sooner on | verdict | "
+             "wall clock | against fp16 |", "|---|---|---|---|---:|---|---|---|---|"]
+    for name in protocol.cells:
+        result = computed["cells"].get(name, {"cell": name, "regime": "pending"})
+        lines += verdict_rows(protocol, result)
+    lines += [""] + selection_markdown(protocol, computed["selection"])
+    for name, result in computed["cells"].items():
+        lines += [""] + cell_markdown(protocol, result)
+        if not result.get("pending"):
+            plot_cell(protocol, record, result, out / f"{name}.png")
+            lines += ["", f"![{name}]({name}.png)"]
+    markdown = "\n".join(lines) + "\n"
+    (out / "results.md").write_text(markdown)
+    return markdown

@@ -1,0 +1,188 @@
+"""Verdicts computed from a protocol's record alone: targets, each family's chosen setting, each cell's winner.
+
+Pure functions of (protocol, record): a reader recomputes every number of the report with them, and
+``tests/unit/test_protocol_verdicts.py`` recomputes the committed verdicts from the committed record.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from benchmarks.protocol.spec import Protocol
+
+CLOCKS = ("train", "wall")  # training seconds; wall seconds with start-up and evaluations
+NEVER = math.inf
+
+
+def loopback_cell(workload: str) -> str:
+    """Where the reference runs with no link, to set a workload's target."""
+    return f"loopback/{workload}"
+
+
+def runs_of(record: dict, **match) -> list[dict]:
+    return [run for run in record["runs"] if all(run.get(key) == value for key, value in match.items())]
+
+
+def reaches(value: float, target: float, higher_is_better: bool) -> bool:
+    return value >= target if higher_is_better else value <= target
+
+
+def median(values: list[float]) -> float:
+    """The median, with a never-reached value (``inf``) ordered last."""
+    return statistics.median(values) if values else NEVER
+
+
+def startup_s(run: dict) -> float:
+    """Launch to the worker's first line of training code: processes, imports, rendezvous."""
+    return max(0.0, run["wall_s"] - run["elapsed_s"])
+
+
+def time_to_target(run: dict, target: float, higher_is_better: bool, loopback: dict | None = None) -> dict[str, float]:
+    """Seconds to the first evaluation that meets ``target``, on both clocks (``inf``: never).
+
+    A reference run on a link (``loopback`` given) ran under a budget to time its steps: its curve is the
+    loopback curve of the same seed, so its time is the loopback's steps to target at its own median step
+    time, plus, on the wall clock, its start-up, its set-up before the first step and one evaluation's
+    median cost per evaluation passed.
+    """
+    curve = loopback["curve"] if loopback is not None else run["curve"]
+    index = next((i for i, point in enumerate(curve) if reaches(point[2], target, higher_is_better)), None)
+    if index is None:
+        return {"train": NEVER, "wall": NEVER}
+    if loopback is None:
+        return {"train": curve[index][0], "wall": startup_s(run) + run["eval_elapsed_s"][index]}
+    train = curve[index][1] * run["step_s_median"]
+    setup = run["eval_elapsed_s"][0] - run["curve"][0][0] - run["eval_s"][0]
+    return {"train": train, "wall": startup_s(run) + setup + train + (index + 1) * statistics.median(run["eval_s"])}
+
+
+def target(protocol: Protocol, record: dict, workload: str, seeds: tuple[int, ...]) -> float | None:
+    """The workload's target over ``seeds`` (None until every seed's loopback reference run is in)."""
+    finals = []
+    for seed in seeds:
+        found = runs_of(record, cell=loopback_cell(workload), seed=seed)
+        if not found:
+            return None
+        finals.append(found[0]["curve"][-1][2])
+    return protocol.target(workload, finals)
+
+
+def seed_times(protocol: Protocol, record: dict, cell: str, method: str, seeds: tuple[int, ...],
+               goal: float) -> dict[int, dict[str, float]]:
+    """Per seed with a run: the method's time to ``goal`` on both clocks."""
+    workload = protocol.workloads[protocol.cells[cell].workload]
+    reference = protocol.reference.candidates[0]
+    times = {}
+    for seed in seeds:
+        found = runs_of(record, cell=cell, method=method, seed=seed)
+        if not found:
+            continue
+        loopback = None
+        if method == reference:
+            matches = runs_of(record, cell=loopback_cell(workload.name), seed=seed)
+            if not matches:
+                continue
+            loopback = matches[0]
+        times[seed] = time_to_target(found[0], goal, workload.higher_is_better, loopback)
+    return times
+
+
+def selection(protocol: Protocol, record: dict) -> dict:
+    """Each runnable family's candidates in the selection cell and the one that goes on to the final runs.
+
+    The chosen candidate has the shortest median training time to the target over the selection seeds; when
+    none reaches it, the best median final metric. ``complete`` is False until every candidate has run.
+    """
+    cell = protocol.cells[protocol.selection_cell]
+    workload = protocol.workloads[cell.workload]
+    goal = target(protocol, record, cell.workload, protocol.selection_seeds)
+    families, complete = {}, goal is not None
+    for family in protocol.runnable():
+        rows = {}
+        for method in family.candidates:
+            found = [run for seed in protocol.selection_seeds
+                     for run in runs_of(record, stage="selection", cell=cell.name, method=method, seed=seed)]
+            if len(found) < len(protocol.selection_seeds) or goal is None:
+                complete = False
+                continue
+            times = seed_times(protocol, record, cell.name, method, protocol.selection_seeds, goal)
+            finals = [run["curve"][-1][2] for run in found]
+            rows[method] = {"train_s": median([t["train"] for t in times.values()]), "final": median(finals)}
+        chosen = None
+        if rows and len(rows) == len(family.candidates):
+            sign = 1 if workload.higher_is_better else -1
+            chosen = min(rows, key=lambda m: (rows[m]["train_s"], -sign * rows[m]["final"]))
+        families[family.name] = {"candidates": rows, "chosen": chosen}
+    return {"cell": cell.name, "target": goal, "complete": complete, "families": families}
+
+
+def regime(protocol: Protocol, record: dict, cell: str) -> str:
+    """In words, from the final runs' median step time over the cell's concurrent compute bound."""
+    ratios = [run["step_s_median"] / run["bound"]["step_s"] for run in runs_of(record, stage="final", cell=cell)
+              if run.get("bound") and run["family"] != protocol.reference.name]
+    if not ratios:
+        return "not measured"
+    fastest = min(ratios)
+    if fastest >= 1.5:
+        return f"link-bound (every compressed method's step is at least {fastest:.1f}x the compute bound)"
+    if max(ratios) <= 1.2:
+        return "compute-bound (every compressed method steps within 1.2x of the compute bound)"
+    return f"mixed (compressed methods step at {fastest:.1f}x to {max(ratios):.1f}x the compute bound)"
+
+
+def compare(protocol: Protocol, ours: dict[int, float], theirs: dict[int, float]) -> dict:
+    """The verdict rule on one clock: per-seed times of a PacTrain family against another family's."""
+    seeds = sorted(set(ours) & set(theirs))
+    mine, other = median([ours[s] for s in seeds]), median([theirs[s] for s in seeds])
+    sooner = sum(ours[s] < theirs[s] for s in seeds)
+    later = sum(theirs[s] < ours[s] for s in seeds)
+    if mine < NEVER and other >= protocol.ratio * mine and sooner >= protocol.seeds_to_win:
+        outcome = "win"
+    elif other < NEVER and mine >= protocol.ratio * other and later >= protocol.seeds_to_win:
+        outcome = "loss"
+    else:
+        outcome = "tie"
+    ratio = other / mine if mine < NEVER else (0.0 if other < NEVER else None)  # None: neither reaches the target
+    return {"outcome": outcome, "ratio": ratio, "sooner_seeds": sooner, "later_seeds": later, "seeds": seeds}
+
+
+def cell_verdict(protocol: Protocol, record: dict, cell: str, chosen: dict[str, str]) -> dict:
+    """Per family its chosen method's per-seed times; per PacTrain family and clock, the rule's outcome against
+    the best peer (the peer or reference family with the shortest median time) and against the reference."""
+    workload = protocol.cells[cell].workload
+    seeds = protocol.final_seeds
+    goal = target(protocol, record, workload, seeds)
+    result = {"cell": cell, "target": goal, "regime": regime(protocol, record, cell), "families": {}, "verdicts": {}}
+    if goal is None:
+        result["pending"] = "the reference's loopback runs are not all in"
+        return result
+    for name, method in chosen.items():
+        times = seed_times(protocol, record, cell, method, seeds, goal)
+        result["families"][name] = {"method": method, "seeds": times,
+                                    **{f"median_{clock}_s": median([t[clock] for t in times.values()]) for clock in CLOCKS}}
+    families = result["families"]
+    missing = [name for name, row in families.items() if len(row["seeds"]) < len(seeds)]
+    if missing or len(families) < len(chosen):
+        result["pending"] = f"final runs missing for {', '.join(missing) or 'some families'}"
+        return result
+    peers = [f.name for f in protocol.runnable() if f.role != "pactrain" and f.name in families]
+    for family in (f.name for f in protocol.runnable() if f.role == "pactrain" and f.name in families):
+        verdict = {}
+        for clock in CLOCKS:
+            best = min(peers, key=lambda name: families[name][f"median_{clock}_s"])
+            per_seed = {name: {s: t[clock] for s, t in families[name]["seeds"].items()} for name in (family, best)}
+            reference = {s: t[clock] for s, t in families[protocol.reference.name]["seeds"].items()}
+            ours = per_seed[family]
+            verdict[clock] = {"best_peer": best, **compare(protocol, ours, per_seed[best]),
+                              "against_reference": compare(protocol, ours, reference)}
+        result["verdicts"][family] = verdict
+    return result
+
+
+def verdicts(protocol: Protocol, record: dict) -> dict:
+    """Everything the report says, from the record alone."""
+    chosen = selection(protocol, record)
+    picks = {name: row["chosen"] for name, row in chosen["families"].items() if row["chosen"]}
+    cells = {name: cell_verdict(protocol, record, name, picks) for name in protocol.cells} if chosen["complete"] else {}
+    return {"protocol": protocol.name, "digest": protocol.digest, "selection": chosen, "cells": cells}
