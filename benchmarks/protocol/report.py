@@ -117,7 +117,7 @@ def write(protocol: Protocol, record: dict, out: Path) -> str:
              f"{protocol.ratio:g}x sooner than the best peer's median and sooner on at least {protocol.seeds_to_win} "
              "seeds, loses when the best peer does the same, and ties otherwise.", "",
              "| cell | regime | PacTrain family | best peer (training clock) | ratio | sooner on | verdict | "
-             "wall clock | against fp16 |", "|---|---|---|---|---:|---|---|---|---|"]
+             f"wall clock | against `{protocol.reference.candidates[0]}` |", "|---|---|---|---|---:|---|---|---|---|"]
     for name in protocol.cells:
         result = computed["cells"].get(name, {"cell": name, "regime": "pending"})
         lines += verdict_rows(protocol, result)

@@ -167,8 +167,9 @@ def run_stage(protocol: Protocol, stage: str, path: Path, cells: list[str] | Non
     processes = Processes()
     with cleanup_on_signals(), tempfile.TemporaryDirectory(prefix="ptb-protocol-") as tmp:
         for current in stages:
+            wanted = None if cells is None else {*cells, *(loopback_cell(protocol.cells[c].workload) for c in cells)}
             todo = [run for run in plan(protocol, record, current) if not done(record, run)
-                    and (cells is None or run.cell in cells or run.cell.startswith("loopback/"))]
+                    and (wanted is None or run.cell in wanted)]
             print(f"[protocol] {protocol.name} {current}: {len(todo)} runs to go", flush=True)
             for where in dict.fromkeys(run.cell for run in todo):
                 run_where(protocol, record, where, [run for run in todo if run.cell == where], path, loopback_only,

@@ -1,0 +1,198 @@
+"""The protocol's file, its verdict rule and the peers' helpers, on synthetic records (no training)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.baselines.dgc import WARMUP_DENSITIES, index_dtype, warmup_density
+from benchmarks.protocol import report
+from benchmarks.protocol.run import Planned, load_record, plan
+from benchmarks.protocol.spec import ProtocolError, load_protocol
+from benchmarks.protocol.verdicts import NEVER, compare, selection, time_to_target, verdicts
+
+REPO = Path(__file__).resolve().parents[2]
+EVIDENCE = REPO / "benchmarks" / "protocol" / "evidence.toml"
+
+SMALL = """
+name = "small"
+workers = 2
+record = "record.json"
+selection_cell = "slow"
+selection_seeds = [0]
+final_seeds = [1, 2, 3]
+accuracy_margin = 0.005
+perplexity_factor = 1.03
+ratio = 1.25
+seeds_to_win = 2
+
+[workloads.image]
+steps = 100
+eval_every = 10
+budget_s = 0
+reference_budget_s = 5
+
+[cells.slow]
+workload = "image"
+link = "10mbit"
+rtt_ms = 0
+cycle_ms = 25
+
+[families.fp16]
+role = "reference"
+candidates = ["fp16"]
+
+[families.pactrain]
+role = "pactrain"
+candidates = ["pactrain-0.9-int3-w0-0", "pactrain-0.95-ternary-w0-0"]
+
+[families.topk]
+role = "peer"
+candidates = ["dgc-0.01", "dgc-0.001"]
+"""
+
+
+@pytest.fixture
+def small(tmp_path):
+    path = tmp_path / "small.toml"
+    path.write_text(SMALL)
+    return load_protocol(path)
+
+
+def a_run(stage, cell, family, method, seed, reached_at=None, seconds_per_step=1.0, final=0.90, step_s=1.0):
+    """Ten evaluations; the metric jumps to ``final`` at step ``reached_at`` (None: it stays at 0.5)."""
+    curve = [[step * seconds_per_step, step, final if reached_at is not None and step >= reached_at else 0.5, 0]
+             for step in range(10, 101, 10)]
+    return {"stage": stage, "cell": cell, "family": family, "method": method, "seed": seed, "curve": curve,
+            "eval_elapsed_s": [point[0] + 3 + i for i, point in enumerate(curve)], "eval_s": [1.0] * 10,
+            "elapsed_s": curve[-1][0] + 13, "wall_s": curve[-1][0] + 18, "step_s_median": step_s,
+            "bound": {"step_s": 0.25}}
+
+
+def record_for(small, times: dict[str, dict[int, int | None]]) -> dict:
+    """Selection runs of every candidate (the first of each family reaches the target first), then final runs
+    that reach the target at ``times[family][seed]`` (a step, at 1 s a step; None: never)."""
+    runs = [a_run("selection", "loopback/image", "fp16", "fp16", 0, reached_at=50)]
+    for family in small.families.values():
+        for order, method in enumerate(family.candidates):
+            runs.append(a_run("selection", "slow", family.name, method, 0, reached_at=30 + 10 * order))
+    for seed in small.final_seeds:
+        runs.append(a_run("final", "loopback/image", "fp16", "fp16", seed, reached_at=60))
+        for family, per_seed in times.items():
+            method = small.families[family].candidates[0]
+            runs.append(a_run("final", "slow", family, method, seed, reached_at=per_seed[seed]))
+    return {"protocol": {"name": small.name, "digest": small.digest}, "runs": runs}
+
+
+def test_the_evidence_protocol_gives_every_tuned_family_the_same_budget():
+    protocol = load_protocol(EVIDENCE)
+    tuned = [f for f in protocol.families.values() if f.role != "reference"]
+    assert {len(f.candidates) for f in tuned} == {3}
+    assert {f.name for f in tuned if not f.available} == {"diloco", "pactrain-local", "model-averaging"}
+    assert set(protocol.selection_seeds).isdisjoint(protocol.final_seeds) and len(protocol.final_seeds) == 3
+    assert protocol.cells["image-10mbit-wan"].rtt_ms == 40 and protocol.cells["image-100mbit"].cycle_ms == 1
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("selection_seeds = [0]", "selection_seeds = [1]"), "final_seeds must differ"),
+    (('candidates = ["dgc-0.01", "dgc-0.001"]', 'candidates = ["dgc-2"]'), "families.topk"),
+    (('link = "10mbit"', 'link = "10 parsecs"'), "cells.slow"),
+    (('role = "peer"', 'role = "rival"'), "role 'rival'"),
+    (("steps = 100\n", ""), "missing 'steps'"),
+    (('selection_cell = "slow"', 'selection_cell = "fast"'), "selection_cell 'fast'"),
+])
+def test_a_protocol_that_cannot_run_as_written_is_refused_naming_the_key(tmp_path, edit, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(SMALL.replace(*edit))
+    with pytest.raises(ProtocolError, match=message):
+        load_protocol(path)
+
+
+def test_a_record_of_another_protocol_version_is_refused(small, tmp_path):
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps({"protocol": {"name": "small", "digest": "0" * 64}, "runs": []}))
+    with pytest.raises(ProtocolError, match="another version"):
+        load_record(small, path)
+
+
+def test_selection_picks_the_fastest_candidate_and_the_final_stage_waits_for_it(small):
+    record = record_for(small, {})
+    chosen = selection(small, record)
+    assert chosen["complete"] and chosen["target"] == pytest.approx(0.895)
+    assert chosen["families"]["topk"]["chosen"] == "dgc-0.01"
+    assert chosen["families"]["pactrain"]["candidates"]["pactrain-0.95-ternary-w0-0"]["train_s"] == 40
+    record["runs"] = [r for r in record["runs"] if r["method"] != "dgc-0.001"]
+    with pytest.raises(ProtocolError, match="selection stage is not complete"):
+        plan(small, record, "final")
+
+
+def test_the_final_plan_runs_each_chosen_setting_on_every_seed_with_one_target_run_per_seed(small):
+    planned = plan(small, record_for(small, {}), "final")
+    assert Planned("final", "loopback/image", "fp16", "fp16", 2) in planned
+    assert sum(p.cell == "slow" for p in planned) == 3 * 3  # fp16, pactrain, topk on three seeds
+    assert {p.method for p in planned if p.family == "pactrain"} == {"pactrain-0.9-int3-w0-0"}
+
+
+@pytest.mark.parametrize("pactrain, topk, outcome", [
+    ({1: 40, 2: 40, 3: 80}, {1: 60, 2: 60, 3: 60}, "win"),    # 1.5x sooner on the median, sooner on 2 of 3
+    ({1: 40, 2: 90, 3: 90}, {1: 60, 2: 60, 3: 60}, "loss"),  # the peer is 1.5x sooner, on 2 of 3
+    ({1: 50, 2: 50, 3: 50}, {1: 60, 2: 60, 3: 60}, "tie"),   # sooner on every seed, but only 1.2x
+    ({1: 40, 2: 40, 3: None}, {1: None, 2: None, 3: 60}, "win"),  # a seed that never reaches counts as never
+    ({1: None, 2: None, 3: None}, {1: None, 2: None, 3: None}, "loss"),  # fp16 reaches it: the best peer
+])
+def test_the_verdict_rule(small, pactrain, topk, outcome):
+    record = record_for(small, {"pactrain": pactrain, "topk": topk, "fp16": {1: 100, 2: 100, 3: 100}})
+    cell = verdicts(small, record)["cells"]["slow"]
+    verdict = cell["verdicts"]["pactrain"]["train"]
+    assert verdict["outcome"] == outcome
+
+
+def test_the_reference_on_a_link_is_timed_from_its_steps_and_its_loopback_curve(small):
+    record = record_for(small, {"pactrain": {1: 40, 2: 40, 3: 40}, "topk": {1: 60, 2: 60, 3: 60},
+                                "fp16": {1: 10, 2: 10, 3: 10}})
+    for run in record["runs"]:
+        if run["cell"] == "slow" and run["family"] == "fp16":
+            run["step_s_median"] = 7.0  # the link sets its step; its loopback curve reaches the target at step 60
+    cell = verdicts(small, record)["cells"]["slow"]
+    assert cell["families"]["fp16"]["median_train_s"] == pytest.approx(60 * 7.0)
+    assert cell["verdicts"]["pactrain"]["train"]["against_reference"]["outcome"] == "win"
+    assert cell["verdicts"]["pactrain"]["train"]["best_peer"] == "topk"
+
+
+def test_time_to_target_on_both_clocks():
+    run = a_run("final", "slow", "topk", "dgc-0.01", 1, reached_at=30)
+    assert time_to_target(run, 0.9, True) == {"train": 30, "wall": 5 + 30 + 3 + 2}  # start-up 5, set-up 3, 2 evaluations before
+    assert time_to_target(run, 0.95, True) == {"train": NEVER, "wall": NEVER}
+
+
+def test_compare_counts_seeds_and_reports_when_neither_reaches(small):
+    assert compare(small, {1: NEVER}, {1: NEVER}) == {"outcome": "tie", "ratio": None, "sooner_seeds": 0,
+                                                       "later_seeds": 0, "seeds": [1]}
+    assert compare(small, {1: 10.0, 2: 10.0, 3: 30.0}, {1: NEVER, 2: 20.0, 3: 20.0}) == {
+        "outcome": "win", "ratio": 2.0, "sooner_seeds": 2, "later_seeds": 1, "seeds": [1, 2, 3]}
+
+
+def test_the_report_is_rebuilt_from_the_record_alone(small, tmp_path):
+    record = record_for(small, {"pactrain": {1: 30, 2: 30, 3: 80}, "topk": {1: 50, 2: 50, 3: 50},
+                                "fp16": {1: 100, 2: 100, 3: 100}})
+    markdown = report.write(small, record, tmp_path)
+    assert "| `slow` | link-bound | pactrain | topk | 1.67x | 2 of 3 | **win** |" in markdown
+    saved = json.loads((tmp_path / "verdicts.json").read_text())
+    assert saved == json.loads(json.dumps(verdicts(small, record), sort_keys=True))
+    assert (tmp_path / "slow.png").is_file()
+
+
+def test_dgc_warms_up_in_four_exponential_stages_and_sends_narrow_indices():
+    assert [warmup_density(0.001, step, 8) for step in range(0, 10, 2)] == [*WARMUP_DENSITIES, 0.001]
+    assert warmup_density(0.01, 7, 8) == 0.01  # never under the target density
+    assert index_dtype(2**15).itemsize == 2 and index_dtype(2**15 + 1).itemsize == 4
+
+
+def test_the_committed_verdicts_are_what_the_committed_record_gives():
+    """A reader's recomputation: the report's verdicts.json from the record alone, with the same code."""
+    protocol = load_protocol(EVIDENCE)
+    record_path = REPO / protocol.record
+    record = json.loads(record_path.read_text())
+    assert record["protocol"]["digest"] == protocol.digest
+    saved = json.loads((record_path.parent / "verdicts.json").read_text())
+    assert saved == json.loads(json.dumps(verdicts(protocol, record), sort_keys=True))
