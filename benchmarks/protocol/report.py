@@ -105,6 +105,32 @@ def plot_cell(protocol: Protocol, record: dict, result: dict, path: Path) -> Non
     plt.close(figure)
 
 
+README_START, README_END = "<!-- verdicts: written by python -m benchmarks protocol report -->", "<!-- /verdicts -->"
+
+
+def readme_table(protocol: Protocol, computed: dict, link: str) -> str:
+    """The landing page's short table: per cell, the verdict on the training clock and what it rests on."""
+    lines = ["| cell | verdict | PacTrain against the best peer | seeds sooner |", "|---|---|---|---|"]
+    for name, cell in protocol.cells.items():
+        words = (f"{cell.workload}, {cell.link}" + (f", {cell.rtt_ms:g} ms round trip" if cell.rtt_ms else ""))
+        result = computed["cells"].get(name, {})
+        if result.get("pending") or not result.get("verdicts"):
+            lines.append(f"| {words} | pending | | |")
+            continue
+        for family, verdict in result["verdicts"].items():
+            train = verdict["train"]
+            lines.append(f"| {words} | **{train['outcome']}** ({family}) | {ratio_text(train['ratio'])} against "
+                         f"{train['best_peer']} | {train['sooner_seeds']} of {len(train['seeds'])} |")
+    return "\n".join([README_START, *lines, "", f"From [{link}]({link}).", README_END])
+
+
+def update_readme(readme: Path, protocol: Protocol, computed: dict, link: str) -> None:
+    """Replace the table between the README's verdict markers."""
+    text = readme.read_text()
+    start, end = text.index(README_START), text.index(README_END) + len(README_END)
+    readme.write_text(text[:start] + readme_table(protocol, computed, link) + text[end:])
+
+
 def write(protocol: Protocol, record: dict, out: Path) -> str:
     """Write verdicts.json, results.md and the pictures into ``out``; returns the Markdown."""
     out.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
     python -m benchmarks protocol run benchmarks/protocol/evidence.toml --stage selection
     python -m benchmarks protocol run benchmarks/protocol/evidence.toml --stage final --cells image-10mbit
-    python -m benchmarks protocol report benchmarks/protocol/evidence.toml
+    python -m benchmarks protocol report benchmarks/protocol/evidence.toml --readme README.md
     python -m benchmarks protocol run benchmarks/protocol/quick.toml --stage all --record /tmp/quick.json
 
 A part runs every planned run that is not in the record yet and appends each to the record as it ends,
@@ -29,7 +29,7 @@ from benchmarks.links.links import Loopback, Topology, namespaces_unavailable, p
 from benchmarks.links.probing import probe_links, probe_round_trip
 from benchmarks.protocol import report
 from benchmarks.protocol.spec import Protocol, ProtocolError, load_protocol
-from benchmarks.protocol.verdicts import loopback_cell, runs_of, selection
+from benchmarks.protocol.verdicts import loopback_cell, runs_of, selection, verdicts
 from benchmarks.runner.processes import Processes
 from benchmarks.runner.signals import cleanup_on_signals
 from benchmarks.tta.tta import concurrent_bound, run_method, save_record
@@ -138,7 +138,7 @@ def run_where(protocol: Protocol, record: dict, where: str, runs: list[Planned],
             context["probed_mbit_per_s"] = probe_links(topology, processes, seconds=1.0)["mbit_per_s"]
             context["probed_rtt_ms"] = probe_round_trip(topology, processes)
             context["where"] = (f"emulated {cell.link} per worker, {cell.rtt_ms:g} ms round trip (probed "
-                                f"{context['probed_mbit_per_s']:.1f} Mbit/s, {context['probed_rtt_ms']:.1f} ms)")
+                                f"{context['probed_mbit_per_s']:.1f} Mbit/s, {context['probed_rtt_ms']:.2f} ms)")
         bound_args = settings(protocol, runs[0], context["cycle_ms"], timeout_s)
         context["bound"] = concurrent_bound(bound_args, workload, protocol.workers, processes, workdir)
         print(f"[protocol] {where}: {context['where']}; compute bound {context['bound']['step_s']:.3f} s a step",
@@ -187,6 +187,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cells", nargs="+", default=None, help="only these cells (and their loopback targets)")
     parser.add_argument("--record", type=Path, default=None, help="default: the protocol's own record")
     parser.add_argument("--loopback", action="store_true", help="no link emulation (a dry run: its times mean nothing)")
+    parser.add_argument("--readme", type=Path, default=None, help="report: rewrite this file's verdict table")
     parser.add_argument("--timeout", type=float, default=5400.0, help="seconds before a run is abandoned")
     return parser.parse_args(argv)
 
@@ -201,7 +202,11 @@ def main(argv: list[str] | None = None) -> int:
             if unknown:
                 raise ProtocolError(f"--cells {' '.join(unknown)}: not cells of {args.protocol} ({sorted(protocol.cells)})")
         if args.action == "report":
-            print(report.write(protocol, load_record(protocol, path), path.parent), flush=True)
+            record = load_record(protocol, path)
+            print(report.write(protocol, record, path.parent), flush=True)
+            if args.readme:
+                report.update_readme(args.readme, protocol, verdicts(protocol, record),
+                                     str((path.parent / "results.md").resolve().relative_to(args.readme.resolve().parent)))
             return 0
         loopback = args.loopback or bool(namespaces_unavailable())
         return run_stage(protocol, args.stage, path, args.cells, loopback, args.timeout)

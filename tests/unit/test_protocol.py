@@ -196,3 +196,10 @@ def test_the_committed_verdicts_are_what_the_committed_record_gives():
     assert record["protocol"]["digest"] == protocol.digest
     saved = json.loads((record_path.parent / "verdicts.json").read_text())
     assert saved == json.loads(json.dumps(verdicts(protocol, record), sort_keys=True))
+
+
+def test_the_readme_table_is_the_one_the_committed_verdicts_give():
+    protocol = load_protocol(EVIDENCE)
+    record = json.loads((REPO / protocol.record).read_text())
+    table = report.readme_table(protocol, verdicts(protocol, record), "bench/results/evidence/results.md")
+    assert table in (REPO / "README.md").read_text()
