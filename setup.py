@@ -1,3 +1,5 @@
+import re
+
 from setuptools import find_packages, setup
 
 # Versions: scripts/install.sh builds Horovod 0.28.1 from source (patched for current frameworks) against
@@ -5,7 +7,7 @@ from setuptools import find_packages, setup
 # The project has no public URL yet, so no project_urls: docs/ builds the documentation (`make docs`).
 setup(
     name="pactrain_hvd",
-    version="0.1.0",
+    version=re.search(r'__version__ = "([^"]+)"', open("pactrain_hvd/__init__.py", encoding="utf-8").read()).group(1),
     description="PacTrain for Horovod: pruning + mask-indexed sparse gradient all-reduce",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
@@ -25,6 +27,7 @@ setup(
                 "sphinx>=8", "myst-parser>=5", "furo"],
     },
     license="Apache-2.0",
+    license_files=["LICENSE"],
     classifiers=[
         "Development Status :: 3 - Alpha",
         "Intended Audience :: Developers",

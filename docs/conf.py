@@ -45,5 +45,5 @@ try:  # furo from PyPI (the dev extras); Sphinx's own alabaster where it is miss
     html_theme = "furo"
 except ImportError:
     html_theme = "alabaster"
-html_title = "pactrain_hvd"
+html_title = f"pactrain_hvd {release}"
 html_static_path = []

@@ -102,3 +102,16 @@ def test_setup_says_what_an_index_page_shows():
     setup_py = (ROOT / "setup.py").read_text(encoding="utf-8")
     assert "python_requires=" in setup_py and '"horovod>=0.28.1,<0.29"' in setup_py
     assert not re.search(r"example\.(com|org)|TODO|FIXME", setup_py), "a placeholder in setup.py"
+
+
+def test_the_files_an_adopter_looks_for_exist_and_agree_on_the_version():
+    import pactrain_hvd
+
+    assert "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0" in (ROOT / "LICENSE").read_text()
+    assert f"## {pactrain_hvd.__version__}" in (ROOT / "CHANGELOG.md").read_text()
+    assert f'version: "{pactrain_hvd.__version__}"' in (ROOT / "CITATION.cff").read_text()
+    assert "arXiv:2505.18563" in (ROOT / "CITATION.cff").read_text()
+    assert "docs/contributing.md" in (ROOT / "CONTRIBUTING.md").read_text()
+    version = subprocess.run([sys.executable, "setup.py", "--version"], cwd=ROOT, capture_output=True, text=True)
+    assert version.stdout.strip().splitlines()[-1] == pactrain_hvd.__version__
+    assert 'html_title = f"pactrain_hvd {release}"' in (DOCS / "conf.py").read_text()
