@@ -8,13 +8,21 @@ import os
 import sys
 
 sys.path.insert(0, os.path.abspath(".."))
+sys.path.insert(0, os.path.abspath("../examples"))
+# TensorFlow's start-up notices say nothing about the pages: oneDNN's (its numerics do not matter to a docs
+# build) is turned off, and the CUDA probe's lines on a machine without a GPU are dropped.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
+
+from example_support.quiet_start import import_tensorflow  # noqa: E402
+
+import_tensorflow()
 
 import pactrain_hvd  # noqa: E402
 
 project = "pactrain_hvd"
 author = "pactrain_hvd authors"
-copyright = "2026, pactrain_hvd authors"
+copyright = f"2026, pactrain_hvd authors · version {pactrain_hvd.__version__}"
 release = pactrain_hvd.__version__
 version = release
 
@@ -46,4 +54,5 @@ try:  # furo from PyPI (the dev extras); Sphinx's own alabaster where it is miss
 except ImportError:
     html_theme = "alabaster"
 html_title = f"pactrain_hvd {release}"
-html_static_path = []
+html_static_path = ["_static"]
+html_css_files = ["wide.css"]
