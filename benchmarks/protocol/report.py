@@ -108,7 +108,7 @@ def plot_cell(protocol: Protocol, record: dict, result: dict, path: Path) -> Non
 README_START, README_END = "<!-- verdicts: written by python -m benchmarks protocol report -->", "<!-- /verdicts -->"
 
 
-def readme_table(protocol: Protocol, computed: dict, link: str) -> str:
+def readme_table(protocol: Protocol, computed: dict) -> str:
     """The landing page's short table: per cell, the verdict on the training clock and what it rests on."""
     lines = ["| cell | verdict | PacTrain against the best peer | seeds sooner |", "|---|---|---|---|"]
     for name, cell in protocol.cells.items():
@@ -121,14 +121,14 @@ def readme_table(protocol: Protocol, computed: dict, link: str) -> str:
             train = verdict["train"]
             lines.append(f"| {words} | **{train['outcome']}** ({family}) | {ratio_text(train['ratio'])} against "
                          f"{train['best_peer']} | {train['sooner_seeds']} of {len(train['seeds'])} |")
-    return "\n".join([README_START, *lines, "", f"From [{link}]({link}).", README_END])
+    return "\n".join([README_START, *lines, README_END])
 
 
-def update_readme(readme: Path, protocol: Protocol, computed: dict, link: str) -> None:
+def update_readme(readme: Path, protocol: Protocol, computed: dict) -> None:
     """Replace the table between the README's verdict markers."""
     text = readme.read_text()
     start, end = text.index(README_START), text.index(README_END) + len(README_END)
-    readme.write_text(text[:start] + readme_table(protocol, computed, link) + text[end:])
+    readme.write_text(text[:start] + readme_table(protocol, computed) + text[end:])
 
 
 def write(protocol: Protocol, record: dict, out: Path) -> str:

@@ -205,8 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             record = load_record(protocol, path)
             print(report.write(protocol, record, path.parent), flush=True)
             if args.readme:
-                report.update_readme(args.readme, protocol, verdicts(protocol, record),
-                                     str((path.parent / "results.md").resolve().relative_to(args.readme.resolve().parent)))
+                report.update_readme(args.readme, protocol, verdicts(protocol, record))
             return 0
         loopback = args.loopback or bool(namespaces_unavailable())
         return run_stage(protocol, args.stage, path, args.cells, loopback, args.timeout)

@@ -201,5 +201,5 @@ def test_the_committed_verdicts_are_what_the_committed_record_gives():
 def test_the_readme_table_is_the_one_the_committed_verdicts_give():
     protocol = load_protocol(EVIDENCE)
     record = json.loads((REPO / protocol.record).read_text())
-    table = report.readme_table(protocol, verdicts(protocol, record), "bench/results/evidence/results.md")
+    table = report.readme_table(protocol, verdicts(protocol, record))
     assert table in (REPO / "README.md").read_text()
