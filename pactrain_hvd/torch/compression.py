@@ -9,6 +9,7 @@ from horovod.torch.compression import Compression, Compressor
 
 from pactrain_hvd.core.lanes import LaneLayout
 from pactrain_hvd.torch.lanes import dequantize, encode
+from pactrain_hvd.torch.scatter import put_survivors_
 
 # Horovod's torch all-reduce carries int32/int64/fp16/fp32/fp64, not bf16: bf16 gradients
 # travel as fp32 (or fp16 when stacked with Compression.fp16) and come back as bf16.
@@ -134,7 +135,7 @@ class PacTrainCompressor(Compressor):
         positions = self._positions(original)
         if positions is None:  # not dense: a new contiguous gradient
             dense = torch.empty_like(original, memory_format=torch.contiguous_format)
-            dense.zero_().view(-1).put_(self.surviving_indices, values)
+            put_survivors_(dense.zero_().view(-1), self.surviving_indices, values)
             return dense
-        storage_view(original.zero_()).put_(positions, values)
+        put_survivors_(storage_view(original.zero_()), positions, values)
         return original

@@ -312,6 +312,23 @@ def scenario_quantized_values_and_their_exact_resume(packed_values, levels, lane
     assert_resume_is_exact(make_quantized)
 
 
+def scenario_deterministic_mode_gives_the_same_weights():
+    """Under torch.use_deterministic_algorithms(True) the hook runs, and its weights are the default mode's."""
+    weights = []
+    for enabled in (False, True):
+        model, opt, _ = make()
+        torch.use_deterministic_algorithms(enabled)
+        try:
+            for index in range(4):
+                step(model, opt, index)
+        finally:
+            torch.use_deterministic_algorithms(False)
+        weights.append({name: p.detach().clone() for name, p in model.module.named_parameters()})
+    for name, weight in weights[0].items():
+        assert torch.equal(weight, weights[1][name]), f"{name} differs under deterministic algorithms"
+    same_on_all_ranks(weights[1])
+
+
 SCENARIOS = {
     "ternary_values": (scenario_quantized_values_and_their_exact_resume, ("ternary", 1, 13)),
     "int3_values": (scenario_quantized_values_and_their_exact_resume, ("int3", 3, 8)),
@@ -330,6 +347,7 @@ SCENARIOS = {
     "sparse_from_the_first_step": (scenario_sparse_from_the_first_step, ()),
     "rescale_survivors": (scenario_rescale_survivors, ()),
     "resume": (scenario_exact_resume, ()),
+    "deterministic": (scenario_deterministic_mode_gives_the_same_weights, ()),
 }
 
 

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from pactrain_hvd.torch.ddp.buckets import BucketPlan
 from pactrain_hvd.torch.ddp.state import PacTrainHookState
 from pactrain_hvd.torch.lanes import dequantize, encode, local_scale, stochastic_codes
+from pactrain_hvd.torch.scatter import put_survivors_
 
 
 def _quantized_allreduce(state: PacTrainHookState, plan: BucketPlan, buffer: torch.Tensor,
@@ -40,7 +41,7 @@ def _quantized_allreduce(state: PacTrainHookState, plan: BucketPlan, buffer: tor
 
     def scatter(fut: torch.futures.Future) -> torch.Tensor:
         averaged = dequantize(fut.value()[0], state.lanes, values.numel(), per_value, world_size)
-        buffer.zero_().put_(plan.surviving, averaged.to(buffer.dtype))
+        put_survivors_(buffer.zero_(), plan.surviving, averaged.to(buffer.dtype))
         return buffer
 
     return dist.all_reduce(words, group=group, async_op=True).get_future().then(scatter)
@@ -73,7 +74,7 @@ def pactrain_hook(state: PacTrainHookState, bucket: dist.GradBucket) -> torch.fu
     state.record(bucket, plan, values.numel() * values.element_size())
 
     def scatter(fut: torch.futures.Future) -> torch.Tensor:
-        buffer.zero_().put_(plan.surviving, fut.value()[0].to(buffer.dtype))
+        put_survivors_(buffer.zero_(), plan.surviving, fut.value()[0].to(buffer.dtype))
         return buffer
 
     return dist.all_reduce(values, group=group, async_op=True).get_future().then(scatter)
