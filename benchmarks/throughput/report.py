@@ -1,4 +1,4 @@
-"""Results document -> markdown tables, target verdicts and PNG plots.
+"""Results document -> markdown tables, the expectations checked and PNG plots.
 
     python -m benchmarks --report-only bench/results/<timestamp>.json
 """
@@ -38,7 +38,7 @@ def minimum_payload_bytes(cell: dict) -> int | None:
     """PacTrain's floor: element size x (surviving values of packed tensors + every tensor sent dense).
 
     The plan keeps small prunable tensors dense on purpose (see ``core/plan.py``), so they are
-    part of the minimum as the brief defines it; ``tensors`` come from ``opt.stats()``.
+    part of the minimum: the fewest bytes this plan can send; ``tensors`` come from ``opt.stats()``.
     """
     stats = cell.get("pactrain_stats")
     if not stats:
@@ -103,7 +103,7 @@ def results_table(results: dict) -> str:
 
 
 def evaluate_targets(results: dict) -> list[dict]:
-    """The issue's targets for PacTrain(0.9, fp16), each with the measured value and a verdict."""
+    """Expectations of PacTrain (0.9, fp16 values) a reader may hold, each with the measured value and whether it holds."""
     verdicts = []
 
     def verdict(target: str, model: str, link: str, value: float | None, threshold: float, note: str = "") -> None:
@@ -147,10 +147,10 @@ def evaluate_targets(results: dict) -> list[dict]:
 
 
 def targets_table(verdicts: list[dict]) -> str:
-    lines = ["| target | model | link | measured | needed | verdict | note |", "|---|---|---|---:|---:|---|---|"]
+    lines = ["| expectation | model | link | measured | needed | holds | note |", "|---|---|---|---:|---:|---|---|"]
     for v in verdicts:
         lines.append(f"| {v['target']} | {v['model']} | {v['link']} | {_fmt(v['value'], '.3f')} | {v['threshold']:g} "
-                     f"| {'met' if v['met'] else '**missed**'} | {v['note']} |")
+                     f"| {'yes' if v['met'] else '**no**'} | {v['note']} |")
     return "\n".join(lines)
 
 
@@ -267,7 +267,7 @@ traces after its first call and at the end of the cell (equal: no retracing)."""
 
 def markdown(results: dict, plots: list[str] | None = None) -> str:
     parts = [header(results), "", "## Results", "", results_table(results), "", COLUMNS_NOTE, "",
-             "## Targets (PacTrain 0.9, fp16 values)", "", targets_table(evaluate_targets(results))]
+             "## Expectations checked (PacTrain 0.9, fp16 values)", "", targets_table(evaluate_targets(results))]
     if framework_rows(results):
         parts += ["", "## TensorFlow beside torch", "", framework_table(results), "", FRAMEWORK_NOTE]
     parts.append(failures(results))
