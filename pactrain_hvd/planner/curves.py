@@ -17,15 +17,38 @@ Two file formats are read:
   pairs of (optimizer step, metric); ``higher_is_better``, ``workers`` and ``target`` are optional;
 - a time-to-accuracy record of the repository's benchmark (``bench/results/tta/**/record.json``; pick its
   cell with ``cell`` if it has several): each run's ``curve`` rows are (training seconds, step, metric, bytes).
+
+Whether a higher metric is better comes from ``higher_is_better`` where the file gives it, else from the metric's
+name (``metric_direction``); a name that tells neither is refused rather than guessed.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from pactrain_hvd.planner.methods import parse_method
+
+# Words of a metric's name that say which way is better; the short ones count only as whole words.
+LOWER_IS_BETTER = ("loss", "perplexity", "ppl", "error", "err", "mse", "mae", "rmse", "wer", "cer", "nll")
+HIGHER_IS_BETTER = ("accuracy", "acc", "f1", "bleu", "auc", "iou", "miou", "map", "precision", "recall", "rouge")
+_LONG_WORDS = 5  # words at least this long also count inside longer names ("valloss" no, "val_accuracy" yes)
+
+
+def metric_direction(metric: str) -> bool | None:
+    """Whether a higher ``metric`` is better, from its name: ``val_loss`` False, ``top1_accuracy`` True; None where
+    the name names neither kind, or both."""
+    name = metric.lower()
+    words = set(re.split(r"[^a-z0-9]+", name))
+
+    def says(vocabulary: tuple[str, ...]) -> bool:
+        return any(word in words or (len(word) >= _LONG_WORDS and word in name) for word in vocabulary)
+
+    lower, higher = says(LOWER_IS_BETTER), says(HIGHER_IS_BETTER)
+    return None if lower == higher else higher
 
 
 @dataclass(frozen=True)
@@ -58,6 +81,16 @@ class Curves:
     by_method: dict[str, Curve]
     target: float | None
     source: str
+    metric: str = "metric"
+    higher_is_better: bool = True
+    workers: int | None = None  # the workers the curves were measured on, where the file says
+
+    def best_final(self, methods: list[str] | None = None) -> tuple[str, float]:
+        """(method, final metric) of the curve that ends best, among ``methods`` where given."""
+        chosen = [(name, c) for name, c in self.by_method.items() if methods is None or name in methods] or list(
+            self.by_method.items())
+        name, best = (max if self.higher_is_better else min)(chosen, key=lambda item: item[1].final)
+        return name, best.final
 
     def default_target(self) -> float:
         """The file's target, else the worst final metric of its complete curves: every one reaches it (a run a
@@ -66,8 +99,7 @@ class Curves:
             return self.target
         finals = [c.final for c in self.by_method.values() if c.complete] or [
             c.final for c in self.by_method.values()]
-        higher = next(iter(self.by_method.values())).higher_is_better
-        return min(finals) if higher else max(finals)
+        return min(finals) if self.higher_is_better else max(finals)
 
 
 def _points(rows: list, name: str, source: str) -> tuple[tuple[int, float], ...]:
@@ -97,13 +129,9 @@ def load_curves(path: str | Path, cell: str | None = None) -> Curves:
     if not isinstance(document, dict) or not ("curves" in document or "cells" in document):
         raise ValueError(f"--curve {path}: expected a 'curves' object (the planner's format) or a benchmark "
                          "record with 'cells'")
-    found: dict[str, Curve] = {}
     if "curves" in document:
-        metric = str(document.get("metric", "metric"))
-        higher = bool(document.get("higher_is_better", metric != "val_perplexity"))
-        for name, rows in document["curves"].items():
-            _add(found, name, Curve(name, _points(rows, name, str(path)), metric, higher, document.get("workers")))
-        return Curves(found, document.get("target"), str(path))
+        return _planner_curves(document, str(path))
+    found: dict[str, Curve] = {}
     cells = document["cells"]
     if cell is None:
         if len(cells) != 1:
@@ -117,10 +145,59 @@ def load_curves(path: str | Path, cell: str | None = None) -> Curves:
             parse_method(name)
         except ValueError:
             continue  # a method the planner does not model (DDP's hooks)
-        metric = run.get("metric", "metric")
+        metric = str(run.get("metric", "metric"))
+        higher = _direction(run.get("higher_is_better"), metric, str(path))
         points = _points([(row[1], row[2]) for row in run["curve"]], name, str(path))
         complete = run.get("steps", 0) >= chosen.get("steps", run.get("steps", 0))
-        _add(found, name, Curve(name, points, metric, metric != "val_perplexity", chosen.get("workers"), complete))
+        _add(found, name, Curve(name, points, metric, higher, chosen.get("workers"), complete))
     if not found:
         raise ValueError(f"--curve {path}: cell {cell!r} has no run of a method the planner models")
-    return Curves(found, None, f"{path} ({cell})")
+    first = next(iter(found.values()))
+    return Curves(found, None, f"{path} ({cell})", first.metric, first.higher_is_better, chosen.get("workers"))
+
+
+def _direction(given: object, metric: str, source: str) -> bool:
+    """``higher_is_better`` as the file gives it, else as the metric's name says; refused where neither tells."""
+    if given is not None:
+        if not isinstance(given, bool):
+            raise ValueError(f"--curve {source}: 'higher_is_better' must be true or false, got {given!r}")
+        return given
+    higher = metric_direction(metric)
+    if higher is None:
+        raise ValueError(f"--curve {source}: cannot tell from the metric's name {metric!r} whether higher is better: "
+                         "add \"higher_is_better\": true or false to the file")
+    return higher
+
+
+def _planner_curves(document: dict, source: str) -> Curves:
+    """The planner's own format (module docstring), each field checked."""
+    curves = document["curves"]
+    if not isinstance(curves, dict) or not curves:
+        raise ValueError(f"--curve {source}: 'curves' must be a non-empty object of method name -> [[step, metric], "
+                         f"...], got {_kind(curves)}")
+    metric = document.get("metric", "metric")
+    if not isinstance(metric, str):
+        raise ValueError(f"--curve {source}: 'metric' must be a name, got {metric!r}")
+    target = document.get("target")
+    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))
+                               or not math.isfinite(target)):
+        raise ValueError(f"--curve {source}: 'target' must be a number, got {target!r}")
+    workers = document.get("workers")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"--curve {source}: 'workers' must be a whole number >= 1, got {workers!r}")
+    points = {}
+    for name, rows in curves.items():
+        try:
+            parse_method(name)
+        except ValueError as error:
+            raise ValueError(f"--curve {source}: curve {name!r}: {error}") from None
+        points[name] = _points(rows, name, source)
+    higher = _direction(document.get("higher_is_better"), metric, source)
+    found: dict[str, Curve] = {}
+    for name, pairs in points.items():
+        _add(found, name, Curve(name, pairs, metric, higher, workers))
+    return Curves(found, None if target is None else float(target), source, metric, higher, workers)
+
+
+def _kind(value: object) -> str:
+    return {list: "a list", str: "a string", dict: "an empty object"}.get(type(value), type(value).__name__)

@@ -82,8 +82,9 @@ class Method:
 def parse_method(name: str) -> Method:
     """``"pactrain-0.9-fp16"`` -> ``Method(kind="pactrain", sparsity=0.9, values="fp16")``; a clear error otherwise.
 
-    A benchmark record's pruning-window and local-steps suffixes (``-w0-0.3``, ``-ramp50``, ``-local40``) are ignored: it changes when the
-    masks arrive, not the steady state the planner predicts.
+    A benchmark record's pruning-window, local-steps and rescaling suffixes (``-w0-0.3``, ``-ramp50``, ``-local40``,
+    ``-rescale``) are ignored: they change when the masks arrive and what the survivors start from, not the bytes of
+    the steady state the planner predicts.
     """
     if not isinstance(name, str):
         raise TypeError(f"a method name must be a string, got {type(name).__name__}")
@@ -99,7 +100,7 @@ def parse_method(name: str) -> Method:
         if rank < 1:
             raise ValueError(f"method {name!r}: PowerSGD rank must be >= 1")
         return Method(name, "powersgd", rank=rank)
-    pattern = r"pactrain-(\d*\.?\d+)(?:-(fp16|bf16|ternary|int3|fp32))?(?:-w\d*\.?\d+-\d*\.?\d+|-ramp\d+)?(?:-local\d+)?"
+    pattern = r"pactrain-(\d*\.?\d+)(?:-(fp16|bf16|ternary|int3|fp32))?(?:-w\d*\.?\d+-\d*\.?\d+|-ramp\d+)?(?:-local\d+)?(?:-rescale)?"
     if match := re.fullmatch(pattern, name):
         sparsity = float(match.group(1))
         if not 0 <= sparsity < 1:

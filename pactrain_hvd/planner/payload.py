@@ -8,7 +8,8 @@ The same rules the library and the repository's benchmark apply:
 - **PowerSGD rank r**: a tensor of >= 2 dimensions viewed as ``rows x cols`` (rows = first dimension)
   with ``rows cols >= DEFAULT_MIN_NUMEL`` and ``2 r (rows + cols) <= rows cols`` sends ``P`` (``r rows``) then
   ``Q`` (``r cols``) in fp32; the rest travels whole with ``P``.
-- **PacTrain**: prunable tensors are those of >= 2 dimensions (the library's default); each keeps
+- **PacTrain**: prunable tensors are those of >= 2 dimensions (the library's default), or those whose names
+  match ``prunable`` glob patterns (``prunable=`` of the library, ``core.masks.prunable_predicate``); each keeps
   ``num_to_keep(numel, share)`` at its Erdős-Rényi-Kernel share of the sparsity (``core.masks.erk_sparsities``,
   the library's default ranking) or at the sparsity itself (``ranking="layer"``). ``core.plan.should_pack``
   decides whether a tensor travels packed; otherwise it goes whole. Packed fp32/fp16/bf16 values cost 4/2/2
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pactrain_hvd.core.lanes import SCALE_BYTES, quantized_layout
-from pactrain_hvd.core.masks import erk_sparsities, num_to_keep
+from pactrain_hvd.core.masks import erk_sparsities, num_to_keep, prunable_predicate
 from pactrain_hvd.core.plan import DEFAULT_MAX_DENSITY, DEFAULT_MIN_NUMEL, should_pack
 from pactrain_hvd.planner.methods import Method
 from pactrain_hvd.planner.step_model import ALLGATHER, ALLREDUCE, Transfer
@@ -90,21 +91,37 @@ class Traffic:
         return 0.0 if n <= 1 else 2 * (n - 1) / n * self.allreduce_bytes + (n - 1) * self.allgather_bytes
 
 
-def pactrain_kept(method: Method, tensors: Sequence[Tensor], ranking: str = "erk") -> dict[str, int]:
-    """Survivors per prunable tensor (>= 2 dimensions) at the method's sparsity, as the library's masks keep."""
-    prunable = {t.name: tuple(t.shape) for t in tensors if len(t.shape) >= 2}
+def default_prunable(name: str, tensor: Tensor) -> bool:
+    """The library's default: weights of >= 2 dimensions; biases and norm scales stay dense."""
+    return len(tensor.shape) >= 2
+
+
+def prunable_names(tensors: Sequence[Tensor], prunable: Sequence[str] | None = None) -> list[str]:
+    """Names PacTrain prunes: those ``prunable`` glob patterns match (as the library's ``prunable=``), else the
+    default's."""
+    predicate = prunable_predicate(None if prunable is None else list(prunable), default_prunable)
+    return [t.name for t in tensors if predicate(t.name, t)]
+
+
+def pactrain_kept(method: Method, tensors: Sequence[Tensor], ranking: str = "erk",
+                  prunable: Sequence[str] | None = None) -> dict[str, int]:
+    """Survivors per prunable tensor at the method's sparsity, as the library's masks keep."""
+    chosen = set(prunable_names(tensors, prunable))
+    shapes = {t.name: tuple(t.shape) for t in tensors if t.name in chosen}
     if ranking == "erk":
-        shares = erk_sparsities(prunable, method.sparsity)
+        shares = erk_sparsities(shapes, method.sparsity)
     elif ranking == "layer":
-        shares = {name: method.sparsity for name in prunable}
+        shares = {name: method.sparsity for name in shapes}
     else:
         raise ValueError(f"ranking must be 'erk' or 'layer', got {ranking!r}")
-    return {name: num_to_keep(math.prod(shape), shares[name]) for name, shape in prunable.items()}
+    return {name: num_to_keep(math.prod(shape), shares[name]) for name, shape in shapes.items()}
 
 
 def traffic(method: Method, tensors: Sequence[Tensor], world_size: int, ranking: str = "erk",
-            min_numel: int = DEFAULT_MIN_NUMEL, max_density: float = DEFAULT_MAX_DENSITY) -> Traffic:
-    """``method``'s transfers for one step of a model with these parameters on ``world_size`` workers."""
+            min_numel: int = DEFAULT_MIN_NUMEL, max_density: float = DEFAULT_MAX_DENSITY,
+            prunable: Sequence[str] | None = None) -> Traffic:
+    """``method``'s transfers for one step of a model with these parameters on ``world_size`` workers
+    (``prunable``: PacTrain's glob patterns, ``pactrain_kept``)."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
     tensors = with_ready_fractions(tensors)
@@ -132,29 +149,49 @@ def traffic(method: Method, tensors: Sequence[Tensor], world_size: int, ranking:
                 whole += 4 * t.numel
         out.rounds = [((p + whole, ALLREDUCE, "float32"),), ((q, ALLREDUCE, "float32"),)]
     elif method.kind == "pactrain":
-        out.hooked = _pactrain(method, tensors, world_size, ranking, min_numel, max_density)
+        out.hooked = [transfer for part in pactrain_parts(method, tensors, world_size, ranking, prunable, min_numel,
+                                                          max_density) for transfer in part.transfers]
     else:
         raise ValueError(f"no traffic model for method kind {method.kind!r}")
     return out
 
 
-def _pactrain(method: Method, tensors: list[Tensor], world_size: int, ranking: str, min_numel: int,
-              max_density: float) -> list[Transfer]:
-    kept = pactrain_kept(method, tensors, ranking)
+@dataclass(frozen=True)
+class TensorPart:
+    """One tensor's share of PacTrain's step: its survivors (None: not pruned), whether it travels packed, and
+    its transfers."""
+
+    tensor: Tensor
+    kept: int | None
+    packed: bool
+    transfers: tuple[Transfer, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.transfers)
+
+
+def pactrain_parts(method: Method, tensors: Sequence[Tensor], world_size: int, ranking: str = "erk",
+                   prunable: Sequence[str] | None = None, min_numel: int = DEFAULT_MIN_NUMEL,
+                   max_density: float = DEFAULT_MAX_DENSITY) -> list[TensorPart]:
+    """PacTrain's transfers per tensor, in parameter order."""
+    tensors = with_ready_fractions(tensors)
+    kept = pactrain_kept(method, tensors, ranking, prunable)
     layout = quantized_layout(world_size, method.levels) if method.levels else None
     packed_values = "fp16" if method.levels else method.values  # quantized without lanes: fp16
     whole_values = "fp32" if method.values == "fp32" else "fp16"
-    hooked = []
+    parts = []
     for t in tensors:
         survivors = kept.get(t.name, t.numel)
-        if t.name in kept and should_pack(t.numel, survivors, min_numel, max_density):
-            if layout is not None:  # the codes' SUM and the next step's scale (a MAX)
-                hooked += [Transfer(t.ready_fraction, 4 * layout.words(survivors), ALLREDUCE, "int32"),
-                           Transfer(t.ready_fraction, SCALE_BYTES, ALLREDUCE, "float32-max")]
-            else:
-                hooked.append(Transfer(t.ready_fraction, ELEMENT_BYTES[packed_values] * survivors, ALLREDUCE,
-                                       WIRE_DTYPE[packed_values]))
+        packed = t.name in kept and should_pack(t.numel, survivors, min_numel, max_density)
+        if packed and layout is not None:  # the codes' SUM and the next step's scale (a MAX)
+            moved = (Transfer(t.ready_fraction, 4 * layout.words(survivors), ALLREDUCE, "int32"),
+                     Transfer(t.ready_fraction, SCALE_BYTES, ALLREDUCE, "float32-max"))
+        elif packed:
+            moved = (Transfer(t.ready_fraction, ELEMENT_BYTES[packed_values] * survivors, ALLREDUCE,
+                              WIRE_DTYPE[packed_values]),)
         else:
-            hooked.append(Transfer(t.ready_fraction, ELEMENT_BYTES[whole_values] * t.numel, ALLREDUCE,
-                                   WIRE_DTYPE[whole_values]))
-    return hooked
+            moved = (Transfer(t.ready_fraction, ELEMENT_BYTES[whole_values] * t.numel, ALLREDUCE,
+                              WIRE_DTYPE[whole_values]),)
+        parts.append(TensorPart(t, kept.get(t.name), packed, moved))
+    return parts

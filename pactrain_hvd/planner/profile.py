@@ -62,7 +62,8 @@ def measure(model: Any, input_shape: Sequence[int], batch_size: int, repeats: in
         raise ValueError(f"--input-shape {list(input_shape)}: the model's forward failed on a batch of that shape "
                          f"({error})") from None
     update_s = _median_s(optimizer.step, repeats, sync)
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    # a sparse gradient (nn.Embedding(sparse=True)) timed as the dense tensor the planner models it as
+    grads = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in model.parameters() if p.grad is not None]
     compress = {"dense": 0.0, **{kind: _median_s(run, repeats, sync) for kind, run in _codecs(grads).items()}}
     costs = Costs(compute_s=compute_s, update_s=update_s, compress_s=compress)
     measured = {"device": device, "batch_size": batch_size, "input_shape": list(input_shape),

@@ -1,4 +1,13 @@
-"""Which method to use: time to target where curves exist, else the step time with accuracy's caveat."""
+"""Which method to use: time to target where curves exist, else the step time with accuracy's caveat.
+
+The rules, in order (docs/planner.md, "How it picks"):
+
+1. every method below ``MIN_EFFICIENCY`` scaling efficiency: none pays;
+2. with curves that reach the target: the shortest time to it;
+3. dense or fp16 at ``COMPUTE_BOUND_EFFICIENCY`` or more: that one (compute-bound);
+4. the shortest predicted step; methods within ``STEP_TIE`` of it tie, and of those the one that changes the
+   model least (``model_change``) is picked, as accuracy was not compared.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +15,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pactrain_hvd.planner.curves import Curves
+from pactrain_hvd.planner.methods import Method
 from pactrain_hvd.planner.step_time import Prediction
 
 # Below this share of the step spent waiting for the network, compression buys at most that share of the
 # step and costs accuracy per step: keep the dense reduction.
 COMPUTE_BOUND_EFFICIENCY = 0.9
-# Without curves, methods whose steps are within this much of the shortest tie on speed; the least compressed
-# of them (the most bytes a step) is picked, as accuracy per step tends to fall with compression.
+# Without curves, methods whose steps are within this much of the shortest tie on speed; the one of them that
+# changes the model least is picked, as accuracy per step tends to fall with compression.
 STEP_TIE = 0.05
+# Where every method's scaling efficiency is below this, the workers spend most of each step waiting for the
+# network whatever the method: none is recommended.
+MIN_EFFICIENCY = 0.25
+# PacTrain's values, the coarser the later
+VALUE_ORDER = {"fp32": 0, "fp16": 1, "bf16": 1, "int3": 2, "ternary": 3}
 
 
 @dataclass(frozen=True)
@@ -39,8 +54,29 @@ def rows(predictions: Sequence[Prediction], curves: Curves | None, target: float
     return out
 
 
-def recommend(table: Sequence[Row]) -> tuple[str, str]:
-    """(method name, one-line reason)."""
+def model_change(prediction: Prediction) -> tuple:
+    """Sort key, least change to what is trained first: dense, fp16, then the compressors that keep the model whole
+    (Top-k, PowerSGD: the more bytes a step, the earlier), then PacTrain, which prunes it (lower sparsity first,
+    then fp32, fp16 or bf16, int3, ternary values)."""
+    method: Method = prediction.method
+    if method.kind in ("dense", "fp16"):
+        return (0 if method.kind == "dense" else 1,)
+    if method.kind in ("topk", "powersgd"):
+        return (2, -prediction.handed_bytes)
+    return (3, method.sparsity, VALUE_ORDER[method.values])
+
+
+def recommend(table: Sequence[Row], curves: Curves | None = None, target: float | None = None,
+              workers: int | None = None) -> tuple[str | None, str]:
+    """(method name, one-line reason); (None, reason) where no method makes the cluster pay."""
+    best_efficiency = max((r.prediction for r in table), key=lambda p: p.efficiency)
+    if best_efficiency.efficiency < MIN_EFFICIENCY:
+        throughput = (f", so {workers} workers do {workers * best_efficiency.efficiency:.2g}x one worker's work a step"
+                      if workers else "")
+        return None, (f"no method makes this cluster pay: the best, {best_efficiency.method.name}, runs at "
+                      f"{best_efficiency.efficiency:.0%} scaling efficiency (every method is below "
+                      f"{MIN_EFFICIENCY:.0%}){throughput}; a faster link, more compute a step (a larger batch per "
+                      "worker) or fewer workers would change that")
     timed = sorted((r for r in table if r.time_to_target_s is not None), key=lambda r: r.time_to_target_s)
     if timed:
         best = timed[0]
@@ -53,19 +89,28 @@ def recommend(table: Sequence[Row]) -> tuple[str, str]:
         if best.curve_workers:
             reason += f" (its curve was measured on {best.curve_workers} workers)"
         return best.prediction.method.name, reason
+    if curves is not None and target is not None:
+        method, final = curves.best_final([r.prediction.method.name for r in table])
+        caveat = (f"no method reaches the target {target:g} in its curve (the best final {curves.metric} is "
+                  f"{final:g}, {method}), so accuracy was not compared: a --target the curves reach compares the "
+                  "time to it")
+    else:
+        caveat = ("accuracy was not compared: without an accuracy curve (--curve) the steps each method needs are "
+                  "unknown, and a curve decides")
     by_name = {r.prediction.method.name: r.prediction for r in table}
     for reference in ("dense", "fp16"):
         if reference in by_name and by_name[reference].efficiency >= COMPUTE_BOUND_EFFICIENCY:
             p = by_name[reference]
-            return reference, (f"compute-bound: {reference} already runs at {p.efficiency:.0%} scaling efficiency, so "
-                               "compression could save at most the rest and costs accuracy per step")
+            return reference, (f"compute-bound: {reference} already runs at {p.efficiency:.0%} scaling efficiency "
+                               f"(from {COMPUTE_BOUND_EFFICIENCY:.0%}), so compression could save at most the rest "
+                               f"and costs accuracy per step; {caveat}")
     shortest = min(r.prediction.step_s for r in table)
     tied = [r.prediction for r in table if r.prediction.step_s <= shortest * (1 + STEP_TIE)]
-    pick = max(tied, key=lambda p: p.handed_bytes)
+    pick = min(tied, key=model_change)
     why = "the shortest predicted step" if len(tied) == 1 else (
-        f"the least compressed of the {len(tied)} methods within {STEP_TIE:.0%} of the shortest step")
-    return pick.method.name, (f"{why} ({pick.step_s * 1e3:.0f} ms, {pick.efficiency:.0%} scaling efficiency); "
-                              "without an accuracy curve (--curve) the steps each method needs are unknown")
+        f"of the {len(tied)} methods within {STEP_TIE:.0%} of the shortest step ({', '.join(p.method.name for p in tied)}), "
+        "the one that changes the model least")
+    return pick.method.name, f"{why} ({pick.step_s * 1e3:.0f} ms, {pick.efficiency:.0%} scaling efficiency); {caveat}"
 
 
 def format_table(table: Sequence[Row], has_curve: bool) -> str:
@@ -77,7 +122,7 @@ def format_table(table: Sequence[Row], has_curve: bool) -> str:
     lines = [head, rule]
     for row in table:
         p = row.prediction
-        line = (f"| {p.method.name} | {_size(p.handed_bytes)} | {_size(p.sent_bytes)} | {p.step_s * 1e3:,.1f} | "
+        line = (f"| {p.method.name} | {size(p.handed_bytes)} | {size(p.sent_bytes)} | {p.step_s * 1e3:,.1f} | "
                 f"{p.efficiency:.0%} |")
         if has_curve:
             if row.steps_to_target is None:
@@ -89,7 +134,7 @@ def format_table(table: Sequence[Row], has_curve: bool) -> str:
     return "\n".join(lines)
 
 
-def _size(nbytes: float) -> str:
+def size(nbytes: float) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if nbytes >= scale:
             return f"{nbytes / scale:.3g} {unit}"

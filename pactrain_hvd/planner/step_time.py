@@ -90,14 +90,15 @@ def step_plan(method: Method, moved: Traffic, costs: Costs, world_size: int) -> 
 
 def predict(method: Method, tensors: Sequence[Tensor], world_size: int, link: Link, costs: Costs,
             config: HorovodConfig | None = None, coordination: Coordination | None = None,
-            ranking: str = "erk") -> Prediction:
+            ranking: str = "erk", prunable: Sequence[str] | None = None) -> Prediction:
     """Predicted step of ``method`` on ``world_size`` workers joined by ``link``.
 
     ``config``: Horovod's cycle and fusion (default: Horovod's own, a 1 ms cycle). ``coordination``: the
     traffic besides the gradients (``planner.coordination``; default none), per cycle and per step.
+    ``prunable``: glob patterns of the tensors PacTrain prunes (default: those of >= 2 dimensions).
     """
     config = config or HorovodConfig(cycle_time_s=HOROVOD_DEFAULT_CYCLE_TIME_S)
-    moved = traffic(method, tensors, world_size, ranking=ranking)
+    moved = traffic(method, tensors, world_size, ranking=ranking, prunable=prunable)
     plan = step_plan(method, moved, costs, world_size)
     solved = with_coordination(plan, world_size, link, config, coordination or Coordination())
     result = solved.prediction
