@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,9 +36,21 @@ def reduce_op_name(hvd: Any, op: Any, gradient_predivide_factor: float) -> str:
         shown = f"hvd.{names[op]}" if op in names else repr(op)
         raise ValueError(f"op={shown} is not supported with packing: use hvd.Average, hvd.Sum, hvd.Min or hvd.Max "
                          "(Adasum is not)")
+    if (isinstance(gradient_predivide_factor, bool) or not isinstance(gradient_predivide_factor, numbers.Real)
+            or not math.isfinite(gradient_predivide_factor) or gradient_predivide_factor <= 0):
+        raise ValueError(f"gradient_predivide_factor must be a finite number > 0 (the sum is divided by it before "
+                         f"the all-reduce and multiplied back after), got {gradient_predivide_factor!r}")
     if gradient_predivide_factor != 1.0 and names[op] != "Average":
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     return names[op]
+
+
+def passes_per_step(backward_passes_per_step: Any) -> int:
+    """``backward_passes_per_step`` as an ``int``: any integer type Horovod accepts (numpy's too), > 0."""
+    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, numbers.Integral) \
+            or backward_passes_per_step <= 0:
+        raise ValueError(f"backward_passes_per_step must be an int > 0, got {backward_passes_per_step!r}")
+    return int(backward_passes_per_step)
 
 
 def scale_factors(averaging: bool, gradient_predivide_factor: float) -> dict[str, float]:

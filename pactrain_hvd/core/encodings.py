@@ -84,6 +84,6 @@ def packed_values_argument(packed_values: str, values: str | None = None, stackl
         warnings.warn("packed_values='fp32' is deprecated: it is 'inherit' (values travel as compression says)",
                       DeprecationWarning, stacklevel=stacklevel)
         packed_values = "inherit"
-    if packed_values not in ENCODINGS:
+    if not isinstance(packed_values, str) or packed_values not in ENCODINGS:
         raise ValueError(f"packed_values must be one of {', '.join(map(repr, PACKED_VALUES))}, got {packed_values!r}")
     return packed_values

@@ -159,7 +159,34 @@ def prunable_predicate(prunable: Callable[[str, Any], bool] | Iterable[str] | No
         return default
     if callable(prunable):
         return prunable
+    patterns = prunable_patterns(prunable)
+    return lambda name, _: any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def prunable_patterns(prunable: Any) -> list[str]:
+    """``prunable`` given as glob patterns, checked: a list (or other iterable) of strings."""
     if isinstance(prunable, str):
         raise TypeError("prunable must be a predicate or a list of name patterns, not a single string")
-    patterns = list(prunable)
-    return lambda name, _: any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+    try:
+        patterns = list(prunable)
+    except TypeError:
+        raise TypeError(f"prunable must be a predicate (name, tensor) -> bool or a list of glob patterns on names, "
+                        f"got {prunable!r} ({type(prunable).__name__})") from None
+    wrong = [pattern for pattern in patterns if not isinstance(pattern, str)]
+    if wrong:
+        raise TypeError(f"prunable patterns must be strings, got {wrong[0]!r} ({type(wrong[0]).__name__})")
+    return patterns
+
+
+def select_prunable_names(named: Mapping[str, Any], prunable: Callable[[str, Any], bool] | Iterable[str] | None,
+                          default: Callable[[str, Any], bool], trainable: Callable[[Any], bool]) -> list[str]:
+    """The trainable names of ``named`` to prune, by predicate, glob patterns or ``default``. A pattern that matches
+    no name is an error naming it: a misspelt pattern would otherwise prune nothing, silently."""
+    predicate = prunable_predicate(prunable, default)
+    if prunable is not None and not callable(prunable):
+        unmatched = [pattern for pattern in prunable_patterns(prunable)
+                     if not any(fnmatch.fnmatchcase(name, pattern) for name in named)]
+        if unmatched:
+            shown = ", ".join(sorted(named)[:5]) + (", ..." if len(named) > 5 else "")
+            raise ValueError(f"prunable pattern {unmatched[0]!r} matches no parameter name (names look like: {shown})")
+    return [name for name, tensor in named.items() if trainable(tensor) and predicate(name, tensor)]

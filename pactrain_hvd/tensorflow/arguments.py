@@ -9,6 +9,7 @@ import horovod.tensorflow as hvd
 from pactrain_hvd.core import PacTrainConfig
 from pactrain_hvd.core.config import config_arguments, reduce_op_name, require_initialized
 from pactrain_hvd.core.encodings import ENCODINGS
+from pactrain_hvd.core.masks import prunable_patterns
 from pactrain_hvd.core.own_masks import schedule_sparsity
 from pactrain_hvd.tensorflow.compression import PACKED_WIRES
 from pactrain_hvd.tensorflow.own_masks import PendingMasks
@@ -47,7 +48,7 @@ def checked_arguments(*, compression: Any, op: Any, gradient_predivide_factor: f
                          "compression=hvd.Compression.fp16 sends every tensor as fp16 and works with groups")
     if not isinstance(process_set, hvd.ProcessSet):
         raise TypeError(f"process_set must be a horovod ProcessSet, got {type(process_set).__name__}")
-    if prunable is not None and isinstance(prunable, str):
-        raise TypeError("prunable must be a predicate or a list of name patterns, not a single string")
+    if prunable is not None and not callable(prunable):
+        prunable_patterns(prunable)
     require_initialized(hvd, "pactrain_hvd.tensorflow.PacTrainState")
     return config, own_masks

@@ -10,7 +10,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from pactrain_hvd.core import PolynomialSchedule, prunable_predicate
+from pactrain_hvd.core import PolynomialSchedule, select_prunable_names
 from pactrain_hvd.core.pruner import HostPruner
 
 Prunable = Callable[[str, tf.Variable], bool] | Iterable[str] | None
@@ -51,8 +51,7 @@ def default_prunable(name: str, variable: tf.Variable) -> bool:
 
 def select_prunable(named_variables: Mapping[str, tf.Variable], prunable: Prunable) -> list[str]:
     """Names to prune: by predicate ``(name, variable) -> bool`` or by glob patterns on names."""
-    predicate = prunable_predicate(prunable, default_prunable)
-    return [name for name, v in named_variables.items() if v.trainable and predicate(name, v)]
+    return select_prunable_names(named_variables, prunable, default_prunable, lambda variable: variable.trainable)
 
 
 def _variable_index(optimizer: Any, variable: tf.Variable) -> tuple[int, int] | None:

@@ -9,7 +9,7 @@ import horovod.torch as hvd
 import torch
 
 from pactrain_hvd.core import PacTrainConfig
-from pactrain_hvd.core.config import reduce_op_name, require_initialized
+from pactrain_hvd.core.config import passes_per_step, reduce_op_name, require_initialized
 from pactrain_hvd.core.encodings import ENCODINGS
 from pactrain_hvd.core.own_masks import schedule_sparsity
 from pactrain_hvd.torch.compression import PACKED_WIRES
@@ -46,14 +46,18 @@ def checked_parameters(optimizer: torch.optim.Optimizer, named: Iterable | None)
     return parameters
 
 
-def checked_arguments(*, backward_passes_per_step: Any, op: Any, gradient_predivide_factor: float, groups: Any,
+def checked_arguments(*, backward_passes_per_step: Any, compression: Any, op: Any, gradient_predivide_factor: float,
+                      groups: Any,
                       packed_values: str, sparsity: float, masks: Any, continue_pruning: bool,
                       **schedule_and_plan: Any) -> PacTrainConfig:
     """The PacTrain config; ``packed_values`` as ``core.encodings.packed_values_argument`` read it."""
     config = PacTrainConfig.from_arguments(sparsity=schedule_sparsity(sparsity, masks is not None, continue_pruning),
                                            **schedule_and_plan)
-    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) or backward_passes_per_step <= 0:
-        raise ValueError(f"backward_passes_per_step must be an int > 0, got {backward_passes_per_step!r}")
+    passes_per_step(backward_passes_per_step)
+    if not (isinstance(compression, type) and callable(getattr(compression, "compress", None))
+            and callable(getattr(compression, "decompress", None))):
+        raise TypeError(f"compression must be a Horovod compressor such as hvd.Compression.fp16 or "
+                        f"hvd.Compression.none, got {compression!r} ({type(compression).__name__})")
     op_name = reduce_op_name(hvd, op, gradient_predivide_factor)
     if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
         raise ValueError("groups should be a positive integer or a list of lists of torch.Tensor")

@@ -116,11 +116,12 @@ class DistributedOptimizer(HorovodEngine, StateReadings, torch.optim.Optimizer):
         packed_values = packed_values_argument(pactrain.pop("packed_values"), pactrain.pop("values"), stacklevel=4)
         masks = pactrain["masks"]
         config = checked_arguments(
-            backward_passes_per_step=backward_passes_per_step, op=op, gradient_predivide_factor=gradient_predivide_factor,
+            backward_passes_per_step=backward_passes_per_step, compression=compression, op=op,
+            gradient_predivide_factor=gradient_predivide_factor,
             groups=groups, packed_values=packed_values, masks=masks, continue_pruning=pactrain["continue_pruning"],
             **config_arguments(pactrain))
         self._optimizer = optimizer
-        self.backward_passes_per_step = backward_passes_per_step
+        self.backward_passes_per_step = int(backward_passes_per_step)
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense

@@ -10,7 +10,7 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
-from pactrain_hvd.core import PolynomialSchedule, mask_fingerprint, prunable_predicate
+from pactrain_hvd.core import PolynomialSchedule, mask_fingerprint, select_prunable_names
 from pactrain_hvd.core.cycle import PruningCycle
 from pactrain_hvd.core.pruner import HostPruner
 
@@ -24,8 +24,7 @@ def default_prunable(name: str, param: torch.Tensor) -> bool:
 
 def select_prunable(named_parameters: Mapping[str, torch.Tensor], prunable: Prunable) -> list[str]:
     """Names to prune: by predicate ``(name, param) -> bool`` or by glob patterns on names."""
-    predicate = prunable_predicate(prunable, default_prunable)
-    return [name for name, param in named_parameters.items() if param.requires_grad and predicate(name, param)]
+    return select_prunable_names(named_parameters, prunable, default_prunable, lambda param: param.requires_grad)
 
 
 @dataclass(frozen=True)

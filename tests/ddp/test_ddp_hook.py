@@ -329,6 +329,17 @@ def scenario_deterministic_mode_gives_the_same_weights():
     same_on_all_ranks(weights[1])
 
 
+def scenario_an_optimizer_without_the_models_parameters_is_refused():
+    model = DDP(Net(), bucket_cap_mb=0.02)
+    other = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    try:
+        pt.ddp.PacTrainHookState(model, other, sparsity=0.9)
+    except ValueError as error:
+        assert "optimizer holds none of the model's parameters" in str(error), str(error)
+    else:
+        raise AssertionError("a hook state over an optimizer of other parameters was accepted")
+
+
 SCENARIOS = {
     "ternary_values": (scenario_quantized_values_and_their_exact_resume, ("ternary", 1, 13)),
     "int3_values": (scenario_quantized_values_and_their_exact_resume, ("int3", 3, 8)),
@@ -348,6 +359,7 @@ SCENARIOS = {
     "rescale_survivors": (scenario_rescale_survivors, ()),
     "resume": (scenario_exact_resume, ()),
     "deterministic": (scenario_deterministic_mode_gives_the_same_weights, ()),
+    "foreign_optimizer": (scenario_an_optimizer_without_the_models_parameters_is_refused, ()),
 }
 
 

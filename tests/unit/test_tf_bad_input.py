@@ -35,6 +35,10 @@ def horovod():
     (dict(pack_min_numel=-1), ValueError, "pack_min_numel must be >= 0"),
     (dict(pack_max_density=1.5), ValueError, r"pack_max_density must be in \(0, 1\], got 1.5"),
     (dict(op=hvd.Product), ValueError, "op=hvd.Product is not supported with packing"),
+    (dict(prunable=123), TypeError, r"prunable must be a predicate \(name, tensor\) -> bool or a list of glob patterns"),
+    (dict(gradient_predivide_factor=0), ValueError, "gradient_predivide_factor must be a finite number > 0"),
+    (dict(compression="fp16"), TypeError, "compression must be a Horovod Compressor such as hvd.Compression.fp16"),
+    (dict(packed_values=["fp16"]), ValueError, r"packed_values must be one of .*got \['fp16'\]"),
 ])
 def test_state_and_keras_optimizer_reject_bad_arguments(kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -42,6 +46,13 @@ def test_state_and_keras_optimizer_reject_bad_arguments(kwargs, error, message):
     if "op" not in kwargs:  # the Keras optimizer has Horovod's own op check
         with pytest.raises(error, match=message):
             ptk.DistributedOptimizer(keras.optimizers.SGD(), **kwargs)
+
+
+def test_a_prunable_pattern_that_matches_no_variable_is_named():
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, name="hidden")])
+    state = pt.PacTrainState(sparsity=0.5, prunable=["encoder/*"])
+    with pytest.raises(ValueError, match=r"prunable pattern 'encoder/\*' matches no parameter name"):
+        state.bind(model.trainable_variables)
 
 
 def bound_state():

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import horovod.torch as hvd
+import numpy as np
 import pytest
 import torch
 
@@ -43,11 +44,34 @@ def model_and_sgd():
     (dict(pack_min_numel=-1), ValueError, "pack_min_numel must be >= 0, got -1"),
     (dict(pack_max_density=0.0), ValueError, r"pack_max_density must be in \(0, 1\], got 0.0"),
     (dict(pack_max_density=float("nan")), ValueError, r"pack_max_density must be in \(0, 1\], got nan"),
+    (dict(prunable=["encoder.*"]), ValueError, r"prunable pattern 'encoder.\*' matches no parameter name \(names look like: 0.bias"),
+    (dict(prunable=123), TypeError, r"prunable must be a predicate \(name, tensor\) -> bool or a list of glob patterns"),
+    (dict(prunable=["0.*", 7]), TypeError, "prunable patterns must be strings, got 7"),
+    (dict(compression="fp16"), TypeError, "compression must be a Horovod compressor such as hvd.Compression.fp16"),
+    (dict(gradient_predivide_factor=0), ValueError, r"gradient_predivide_factor must be a finite number > 0 .*, got 0"),
+    (dict(gradient_predivide_factor=float("inf")), ValueError, "gradient_predivide_factor must be a finite number > 0"),
+    (dict(packed_values=["fp16"]), ValueError, r"packed_values must be one of .*got \['fp16'\]"),
 ])
 def test_bad_arguments_name_what_is_wrong(kwargs, error, message):
     model, sgd = model_and_sgd()
     with pytest.raises(error, match=message):
         pt.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), **kwargs)
+
+
+def test_numpy_integers_are_accepted_where_horovod_accepts_them():
+    model, sgd = model_and_sgd()
+    opt = pt.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), backward_passes_per_step=np.int64(2))
+    assert opt.backward_passes_per_step == 2 and type(opt.backward_passes_per_step) is int
+
+
+def test_prunable_patterns_that_match_select_those_tensors():
+    model, sgd = model_and_sgd()
+    opt = pt.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), prunable=["2.*"], begin_step=0,
+                                  end_step=0)
+    opt.zero_grad()
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    assert sorted(opt.masks()) == ["2.bias", "2.weight"]
 
 
 def test_bad_named_parameters():

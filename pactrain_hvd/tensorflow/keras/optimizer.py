@@ -21,7 +21,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 from horovod.tensorflow.compression import Compression, Compressor
 
-from pactrain_hvd.core.config import pactrain_keywords
+from pactrain_hvd.core.config import pactrain_keywords, passes_per_step
 from pactrain_hvd.core.encodings import packed_values_argument
 from pactrain_hvd.tensorflow.keras.apply import Keras3Apply, PacTrainOptimizer, TfKerasApply, agree_on_skipped_steps
 from pactrain_hvd.tensorflow.keras.gradient_aggregation import LocalAggregation
@@ -91,9 +91,7 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
                         "for other training loops use pactrain_hvd.tensorflow.DistributedGradientTape")
     if op not in (hvd.Average, hvd.Sum):
         raise ValueError("op currently only supports Average and Sum")
-    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
-            or backward_passes_per_step <= 0:
-        raise ValueError(f"backward_passes_per_step must be an int > 0, got {backward_passes_per_step!r}")
+    backward_passes_per_step = passes_per_step(backward_passes_per_step)
     if not isinstance(average_aggregated_gradients, bool):
         raise TypeError(f"average_aggregated_gradients must be a bool, got {average_aggregated_gradients!r}")
     if num_groups != 0:

@@ -87,6 +87,9 @@ class PacTrainHookState(PruningReadout):
             raise RuntimeError("torch.distributed is not initialized: call dist.init_process_group() first")
         optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
         self.parameters = {name: p for name, p in module.named_parameters() if id(p) in optimized}
+        if not self.parameters:
+            raise ValueError("optimizer holds none of the model's parameters: build it from the model the DDP wraps "
+                             "(torch.optim.SGD(model.parameters(), ...)) before PacTrainHookState")
         self.process_group = process_group
         self.optimizer = optimizer
         world_size = dist.get_world_size(process_group)
