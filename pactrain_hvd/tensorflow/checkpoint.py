@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
 
 from pactrain_hvd.core import CheckpointError
+from pactrain_hvd.core.digest import DIGEST_KEY, with_digest, without_digest
 
 
 @dataclass
@@ -53,33 +55,49 @@ def to_bytes(saved: SavedState) -> bytes:
                    "ternary_scales": np.array([saved.ternary.scales[p] for p in scaled], np.float32),
                    **{f"residual_{i}": saved.ternary.residuals[position]
                       for i, (position, _, _) in enumerate(saved.masks)}}
+    arrays = dict(step=np.int64(saved.step), world_size=np.int64(saved.world_size),
+                  settings=np.array(json.dumps(saved.settings)),
+                  names=np.array([name for _, name, _ in saved.masks], dtype=np.str_),
+                  positions=np.array([position for position, _, _ in saved.masks], dtype=np.int64),
+                  **{f"mask_{i}": mask for i, (_, _, mask) in enumerate(saved.masks)}, **ternary)
     buffer = io.BytesIO()
-    np.savez(buffer, step=np.int64(saved.step), world_size=np.int64(saved.world_size),
-             settings=np.array(json.dumps(saved.settings)),
-             names=np.array([name for _, name, _ in saved.masks], dtype=np.str_),
-             positions=np.array([position for position, _, _ in saved.masks], dtype=np.int64),
-             **{f"mask_{i}": mask for i, (_, _, mask) in enumerate(saved.masks)}, **ternary)
+    np.savez(buffer, **with_digest({k: np.asarray(v) for k, v in arrays.items()}, _array_bytes))
     return buffer.getvalue()
+
+
+def _array_bytes(obj: object) -> bytes | None:
+    """An array's dtype, shape and data, for ``core.digest``."""
+    if not isinstance(obj, np.ndarray):
+        return None
+    return f"{obj.dtype}{obj.shape}".encode() + np.ascontiguousarray(obj).tobytes()
 
 
 def parse(blob: bytes) -> SavedState:
     """A ``serialize`` blob, read once."""
     try:
-        with np.load(io.BytesIO(blob), allow_pickle=False) as saved:
-            names = [str(name) for name in saved["names"]]
-            positions = [int(position) for position in saved["positions"]]
-            masks = [(position, name, saved[f"mask_{i}"]) for i, (position, name) in enumerate(zip(positions, names))]
-            ternary = None
-            if "ternary_rank" in saved.files:
-                scales = ({int(position): float(scale) for position, scale in
-                           zip(saved["scale_positions"], saved["ternary_scales"])} if "ternary_scales" in saved.files
-                          else {})
-                ternary = SavedTernary(int(saved["ternary_rank"]), saved["ternary_noise"],
-                                       {position: saved[f"residual_{i}"] for i, position in enumerate(positions)},
-                                       scales)
-            world_size = int(saved["world_size"]) if "world_size" in saved.files else None
-            settings = json.loads(str(saved["settings"])) if "settings" in saved.files else None
-            return SavedState(int(saved["step"]), world_size, masks, ternary, settings)
+        with np.load(io.BytesIO(blob), allow_pickle=False) as archive:
+            entries = {name: archive[name] for name in archive.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        raise CheckpointError(f"not a PacTrain state (a TensorFlow PacTrain state is a NumPy .npz archive; this one "
+                              f"is truncated, corrupt or of another kind): {error}") from error
+    if DIGEST_KEY in entries:
+        entries[DIGEST_KEY] = str(entries[DIGEST_KEY])
+    saved = without_digest(entries, _array_bytes, "(TensorFlow PacTrain state)")
+    try:
+        names = [str(name) for name in saved["names"]]
+        positions = [int(position) for position in saved["positions"]]
+        masks = [(position, name, saved[f"mask_{i}"]) for i, (position, name) in enumerate(zip(positions, names))]
+        ternary = None
+        if "ternary_rank" in saved:
+            scales = ({int(position): float(scale) for position, scale in
+                       zip(saved["scale_positions"], saved["ternary_scales"])} if "ternary_scales" in saved
+                      else {})
+            ternary = SavedTernary(int(saved["ternary_rank"]), saved["ternary_noise"],
+                                   {position: saved[f"residual_{i}"] for i, position in enumerate(positions)},
+                                   scales)
+        world_size = int(saved["world_size"]) if "world_size" in saved else None
+        settings = json.loads(str(saved["settings"])) if "settings" in saved else None
+        return SavedState(int(saved["step"]), world_size, masks, ternary, settings)
     except (OSError, KeyError, ValueError, EOFError) as error:
         raise CheckpointError(f"not a PacTrain state: {error}") from error
 

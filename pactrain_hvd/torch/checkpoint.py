@@ -14,6 +14,7 @@ from __future__ import annotations
 import numbers
 import os
 import tempfile
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 from pactrain_hvd.core import CheckpointError, check_saved_world_size, saved_by_this_rank, while_running
+from pactrain_hvd.core.digest import with_digest, without_digest
 from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
 from pactrain_hvd.torch.state import PacTrainState
 
@@ -123,19 +125,41 @@ def restore(state: PacTrainState, saved: SavedState) -> None:
         state.load_ternary(saved.ternary)
 
 
+def array_bytes(obj: Any) -> bytes | None:
+    """A tensor's (or array's) dtype, shape and data as bytes, for ``core.digest``; None for anything else."""
+    if isinstance(obj, np.ndarray):
+        return f"{obj.dtype}{obj.shape}".encode() + np.ascontiguousarray(obj).tobytes()
+    if not isinstance(obj, torch.Tensor):
+        return None
+    tensor = obj.detach().cpu()
+    if tensor.is_sparse:
+        tensor = tensor.coalesce()
+        return b"sparse" + array_bytes(tensor.indices()) + array_bytes(tensor.values())
+    try:
+        data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    except (RuntimeError, TypeError):  # quantized and other layouts: their shape and dtype only
+        data = b""
+    return f"{tensor.dtype}{tuple(tensor.shape)}".encode() + data
+
+
 def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
     """``torch.save`` into a temporary file beside ``path``, fsync it, then rename it over ``path``.
+
+    The file also holds a digest of ``state``'s content (every tensor's bytes, every number and string) under
+    ``"pactrain_digest"``; ``load_checkpoint`` checks it and removes it.
 
     Example::
 
         >>> if hvd.rank() == 0:
         ...     pt.save_checkpoint("ckpt.pt", {"model": model.state_dict(), "optimizer": opt.state_dict()})
     """
+    if not isinstance(state, dict):
+        raise TypeError(f"state must be a dict, got {type(state).__name__}")
     target = Path(path)
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
     try:
         with os.fdopen(handle, "wb") as file:
-            torch.save(state, file)
+            torch.save(with_digest(state, array_bytes), file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, target)
@@ -145,13 +169,26 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint; a missing, truncated or corrupt file raises ``CheckpointError``."""
+    """Load a checkpoint; a missing, truncated, corrupt or foreign file, or content that no longer matches its
+    digest, raises ``CheckpointError`` naming the file."""
+    where = repr(os.fspath(path))
     try:
         state = torch.load(path, map_location=map_location)
     except FileNotFoundError:
-        raise CheckpointError(f"no checkpoint at {os.fspath(path)!r}") from None
+        raise CheckpointError(f"no checkpoint at {where}") from None
     except Exception as error:  # torch raises several types for damaged archives
-        raise CheckpointError(f"checkpoint {os.fspath(path)!r} is truncated or corrupt: {error}") from error
+        if _is_npz(path):
+            raise CheckpointError(f"checkpoint {where} is a NumPy .npz archive (a TensorFlow PacTrain state?), not a "
+                                  "torch checkpoint: load it with the frontend that wrote it") from error
+        raise CheckpointError(f"checkpoint {where} is truncated or corrupt (torch.load: {error})") from error
     if not isinstance(state, dict):
-        raise CheckpointError(f"checkpoint {os.fspath(path)!r} holds a {type(state).__name__}, expected a dict")
-    return state
+        raise CheckpointError(f"checkpoint {where} holds a {type(state).__name__}, expected a dict")
+    return without_digest(state, array_bytes, where)
+
+
+def _is_npz(path: str | os.PathLike) -> bool:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith(".npy") for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False

@@ -92,6 +92,7 @@ def test_checkpoint_from_another_world_size_warns_and_loads():
         entries = dict(saved)
     assert int(entries["world_size"]) == hvd.size() == 1
     entries["world_size"] = np.int64(8)
+    del entries["pactrain_digest"]  # as a state written before digests: rewritten content would not match its own
     buffer = io.BytesIO()
     np.savez(buffer, **entries)
     _, fresh, fresh_kernel = bound_state()  # another model: Keras numbers its layers, masks restore by position

@@ -90,6 +90,50 @@ def test_checkpoints_are_atomic_and_damage_is_named(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
 
 
+def flip_a_byte_of_the_largest_tensor(path):
+    """Change one byte inside the data of the file's largest stored tensor (stored uncompressed in the zip)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        info = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    data = bytearray(path.read_bytes())
+    name_length, extra_length = int.from_bytes(data[info.header_offset + 26:info.header_offset + 28], "little"), \
+        int.from_bytes(data[info.header_offset + 28:info.header_offset + 30], "little")
+    start = info.header_offset + 30 + name_length + extra_length
+    data[start + info.file_size // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def test_a_checkpoint_whose_content_changed_is_refused_naming_the_file(tmp_path):
+    from pactrain_hvd.torch import CheckpointError, load_checkpoint, save_checkpoint
+
+    path = tmp_path / "ckpt.pt"
+    state = {"model": {"w": torch.arange(4096.0), "b": torch.zeros(3, dtype=torch.bfloat16)}, "step": 7,
+             "pactrain": {"masks": [torch.ones(5, dtype=torch.uint8)], "settings": {"sparsity": 0.9}}}
+    save_checkpoint(path, state)
+    loaded = load_checkpoint(path)
+    assert "pactrain_digest" not in loaded and torch.equal(loaded["model"]["w"], state["model"]["w"])
+    assert "pactrain_digest" in torch.load(path)  # what a plain torch.load sees
+    flip_a_byte_of_the_largest_tensor(path)
+    assert not torch.equal(torch.load(path)["model"]["w"], state["model"]["w"])  # torch.load alone does not notice
+    with pytest.raises(CheckpointError, match=r"ckpt.pt' does not match the digest it was saved with"):
+        load_checkpoint(path)
+
+
+def test_a_checkpoint_without_a_digest_still_loads_and_a_foreign_file_is_named(tmp_path):
+    import numpy as np
+
+    from pactrain_hvd.torch import CheckpointError, load_checkpoint
+
+    old = tmp_path / "old.pt"
+    torch.save({"step": 3, "w": torch.ones(2)}, old)  # as checkpoints were written before digests
+    assert load_checkpoint(old)["step"] == 3
+    npz = tmp_path / "state.npz"
+    np.savez(npz, step=np.int64(3))
+    with pytest.raises(CheckpointError, match="NumPy .npz archive .*not a torch checkpoint"):
+        load_checkpoint(npz)
+
+
 LAYOUTS = {  # dense but not contiguous: the gradient of a parameter in that memory format
     "channels_last": ((8, 4, 3, 3), lambda t: t.to(memory_format=torch.channels_last)),
     "channels_last_3d": ((8, 4, 2, 3, 3), lambda t: t.to(memory_format=torch.channels_last_3d)),
