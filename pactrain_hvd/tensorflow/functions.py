@@ -9,6 +9,7 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from pactrain_hvd.core.agreement import check_settings, settings_rows
 from pactrain_hvd.tensorflow.pruning import backing_variable, communicates, optimizer_variables
 from pactrain_hvd.tensorflow.state import PacTrainState
 
@@ -21,6 +22,14 @@ def state_of(holder: Any) -> PacTrainState | None:
         if isinstance(state, PacTrainState):
             return state
     return None
+
+
+def agree_settings(state: PacTrainState) -> None:
+    """Compare every rank's PacTrain settings (collective): ``SettingsMismatchError`` on every rank, naming each
+    differing setting and each rank's value, where they differ."""
+    settings = state.shared_settings()
+    per_rank = hvd.allgather_object(settings_rows(settings), name="pactrain.settings", process_set=state.process_set)
+    check_settings(settings, per_rank)
 
 
 def broadcast_masks(state: Any, root_rank: int = 0) -> None:
@@ -40,6 +49,7 @@ def broadcast_masks(state: Any, root_rank: int = 0) -> None:
     state = found
     if not communicates(state.process_set):
         return
+    agree_settings(state)  # before the root's checkpoint meets settings that may differ on this rank
     blob = hvd.broadcast_object(state.serialize(), root_rank, name="pactrain.state", process_set=state.process_set)
     state.deserialize(blob)
     state.request_verification()  # every rank of the process set is here

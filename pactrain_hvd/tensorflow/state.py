@@ -246,6 +246,10 @@ class PacTrainState(Binding, Maintenance, HorovodEngine, tf.train.experimental.P
         included), e.g. the Keras optimizer's ``backward_passes_per_step``."""
         self._pruner.settings.update(settings)
 
+    def shared_settings(self) -> dict[str, Any]:
+        """What every rank must hold the same, by name (``core.agreement``)."""
+        return dict(self._pruner.settings)
+
     # -- checkpoints (tf.train.Checkpoint calls these; the format: checkpoint.py) --------------------
     def serialize(self) -> bytes:
         """Schedule position and masks (and ternary's held scales, error memory and noise) as bytes."""

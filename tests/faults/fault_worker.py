@@ -82,7 +82,30 @@ def run_torch(case: str, plain: bool) -> str:
     return f"steps={STEPS}"
 
 
-def run_tensorflow(case: str) -> str:
+def run_keras(case: str) -> str:
+    """``model.fit`` with the Keras optimizer and Horovod's broadcast callback (whose mask broadcast is then the
+    first collective PacTrain runs)."""
+    import horovod.tensorflow.keras as hvd
+    import keras
+    import tensorflow as tf
+
+    import pactrain_hvd.tensorflow.keras as ptk
+
+    hvd.init()
+    STARTED.append(time.monotonic())
+    rank = hvd.rank()
+    tf.random.set_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])
+    opt = ptk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), **settings(case, rank))
+    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    generator = np.random.default_rng(1000 * rank)
+    inputs, labels = generator.standard_normal((32 * STEPS, 64)).astype("float32"), generator.integers(0, 10, 32 * STEPS)
+    model.fit(inputs, labels, batch_size=32, epochs=1, verbose=0,
+              callbacks=[ptk.callbacks.BroadcastGlobalVariablesCallback(0)])
+    return f"steps={STEPS}"
+
+
+def run_tensorflow(case: str, broadcast_masks: bool = False) -> str:
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
@@ -99,6 +122,8 @@ def run_tensorflow(case: str) -> str:
     state = pt.PacTrainState(optimizer=opt, **settings(case, rank))
     if case != "no_broadcast":
         hvd.broadcast_variables([backing_variable(v) for v in model.variables], root_rank=0)
+        if broadcast_masks:  # the resume idiom: the root's masks and schedule position, before the first step
+            pt.broadcast_masks(state, root_rank=0)
     for step in range(STEPS):
         mistake(case, rank, step)
         if poison(case, rank, step):
@@ -118,12 +143,15 @@ def run_tensorflow(case: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", choices=CASES, required=True)
-    parser.add_argument("--frontend", choices=("torch", "tensorflow", "horovod"), default="torch")
+    parser.add_argument("--frontend", choices=("torch", "tensorflow", "tensorflow-broadcast", "keras", "horovod"),
+                        default="torch")
     args = parser.parse_args()
     rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "-1")))
     try:
-        if args.frontend == "tensorflow":
-            result = run_tensorflow(args.case)
+        if args.frontend == "keras":
+            result = run_keras(args.case)
+        elif args.frontend.startswith("tensorflow"):
+            result = run_tensorflow(args.case, broadcast_masks=args.frontend == "tensorflow-broadcast")
         else:
             result = run_torch(args.case, plain=args.frontend == "horovod")
     except Exception as error:  # noqa: BLE001 - what each rank ends with is the point

@@ -24,10 +24,12 @@ pytestmark = pytest.mark.skipif(not HOROVODRUN.exists(), reason="horovodrun is n
 
 def job(case: str, frontend: str = "torch") -> tuple[subprocess.CompletedProcess, float, dict[int, str]]:
     """Run a case; returns the process, the slowest rank's seconds from Horovod's start to its end (the
-    job's seconds where no rank said), and each rank's last FAULT/DONE line."""
+    job's seconds where no rank said), and each rank's last FAULT/DONE line. ``keras-legacy``: the Keras
+    frontend under tf-keras 2."""
+    legacy = frontend == "keras-legacy"
     command = [str(HOROVODRUN), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, str(WORKER),
-               "--case", case, "--frontend", frontend]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3")
+               "--case", case, "--frontend", "keras" if legacy else frontend]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3", **({"TF_USE_LEGACY_KERAS": "1"} if legacy else {}))
     start = time.monotonic()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, env=env)
@@ -52,8 +54,10 @@ def assert_every_rank_raised(case: str, error: str, *phrases: str, frontend: str
     assert seconds < HANG_LIMIT_S, f"{case} took {seconds:.0f} s"
 
 
-@pytest.mark.parametrize("frontend", ["torch", "tensorflow"])
+@pytest.mark.parametrize("frontend", ["torch", "tensorflow", "tensorflow-broadcast", "keras", "keras-legacy"])
 def test_schedule_frequency_that_differs_is_an_error_on_both_ranks_not_a_hang(frontend):
+    """Whichever call meets the difference first (the first step, or the mask broadcast of the resume idiom and
+    of Keras' broadcast callback) names it on every rank, not as a checkpoint's settings."""
     assert_every_rank_raised("frequency", "SettingsMismatchError", "frequency (rank 0: 4, rank 1: 8)",
                              frontend=frontend)
 
