@@ -5,6 +5,7 @@ from pactrain_hvd.core.config import PacTrainConfig
 from pactrain_hvd.core.errors import (
     ChangedSettingsWarning,
     CheckpointError,
+    InexactResumeWarning,
     MaskMismatchError,
     NonFiniteWeightsError,
     SettingsMismatchError,
@@ -39,6 +40,7 @@ __all__ = [
     "PolynomialSchedule",
     "StepStats",
     "TensorStats",
+    "InexactResumeWarning",
     "WorldSizeChangedWarning",
     "check_fingerprints",
     "check_saved_world_size",

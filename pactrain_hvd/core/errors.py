@@ -23,3 +23,8 @@ class NonFiniteWeightsError(FloatingPointError):
 
 class ChangedSettingsWarning(UserWarning):
     """A checkpoint saved under other PacTrain settings is resumed, as asked (``resume_changed_settings=True``)."""
+
+
+class InexactResumeWarning(UserWarning):
+    """A checkpoint lacks this rank's own state (quantized values' error memory and rounding noise): the run
+    resumes without it, close to but not bit for bit the uninterrupted run."""

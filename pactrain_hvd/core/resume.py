@@ -8,7 +8,12 @@ from collections.abc import Callable
 from typing import Any
 
 from pactrain_hvd.core.config import PacTrainConfig
-from pactrain_hvd.core.errors import ChangedSettingsWarning, CheckpointError, WorldSizeChangedWarning
+from pactrain_hvd.core.errors import (
+    ChangedSettingsWarning,
+    CheckpointError,
+    InexactResumeWarning,
+    WorldSizeChangedWarning,
+)
 
 
 def check_saved_world_size(saved: object, current: int) -> None:
@@ -38,11 +43,20 @@ def while_running(query: Callable[[], int]) -> int | None:
         return None
 
 
-def saved_by_this_rank(saved_rank: int, rank: Callable[[], int]) -> bool:
-    """Whether per-rank state (ternary error memory, rounding noise) saved by ``saved_rank`` is this
-    process's: the same rank, or any while Horovod is down (an elastic rollback restores its own)."""
+def saved_by_this_rank(saved_rank: int, rank: Callable[[], int], holds_state: bool = True) -> bool:
+    """Whether per-rank state (quantized values' error memory, rounding noise) saved by ``saved_rank`` is this
+    process's: the same rank, or any while Horovod is down (an elastic rollback restores its own). Where it is
+    another rank's and ``holds_state`` (the run has stepped: not the start-up broadcast of a fresh run), an ``InexactResumeWarning`` says so: this rank resumes without its own."""
     current = while_running(rank)
-    return current is None or current == saved_rank
+    if current is None or current == saved_rank:
+        return True
+    if not holds_state:
+        return False
+    warnings.warn(f"this checkpoint holds rank {saved_rank}'s quantization error memory and rounding noise, not "
+                  f"rank {current}'s: rank {current} resumes without them, close to but not bit for bit the "
+                  "uninterrupted run. For an exact resume save and load one checkpoint per rank (state_dict() on "
+                  "every rank)", InexactResumeWarning, stacklevel=3)
+    return False
 
 
 # The settings a checkpoint's masks and schedule position were reached under.

@@ -292,7 +292,8 @@ class PacTrainState(Binding, Maintenance, HorovodEngine, tf.train.experimental.P
             raise CheckpointError(f"checkpoint does not fit these variables: {error}") from error
         residuals = None
         if (saved.ternary is not None and self._ternary is not None
-                and saved_by_this_rank(saved.ternary.rank, self.process_set.rank)):
+                and saved_by_this_rank(saved.ternary.rank, self.process_set.rank,
+                                       holds_state=saved.step > 0)):
             residuals = checkpoint.residuals_by_name(saved.ternary, self._names, {
                 name: int(mask.sum()) if self._packs(mask) else 0 for name, mask in masks.items()})
         scales = checkpoint.scales_by_name(saved, self._names)

@@ -82,7 +82,7 @@ def validated(state: PacTrainState, pactrain: Any) -> SavedState:
         check_saved_world_size(pactrain.get("world_size"), current)
     if state.ternary is None:
         return SavedState(step, masks, None, None)
-    saved_ternary = _saved_ternary(state, pactrain.get("ternary"), masks)
+    saved_ternary = _saved_ternary(state, pactrain.get("ternary"), masks, step)
     scales = pactrain.get("ternary_scales")
     count = len(state.parameters)
     if scales is not None and (not isinstance(scales, torch.Tensor) or scales.shape != (count,)):
@@ -105,13 +105,13 @@ def saved_step_and_masks(fit_masks: Callable[[Any], dict[str, np.ndarray]], save
         raise CheckpointError(f"checkpoint does not fit this model: {error}") from error
 
 
-def _saved_ternary(state: PacTrainState, saved: Any, masks: dict[str, np.ndarray]) -> dict | None:
-    """The checkpoint's ternary entry if this rank wrote it."""
+def _saved_ternary(state: PacTrainState, saved: Any, masks: dict[str, np.ndarray], step: int) -> dict | None:
+    """The checkpoint's ternary entry if this rank wrote it (another rank's, from a run that has stepped: a warning)."""
     if saved is None:
         return None
     if not isinstance(saved, dict) or not {"rank", "noise", "residuals"} <= set(saved):
         raise CheckpointError("the 'ternary' entry of the 'pactrain' state needs 'rank', 'noise' and 'residuals'")
-    if not saved_by_this_rank(saved["rank"], state.process_set.rank):
+    if not saved_by_this_rank(saved["rank"], state.process_set.rank, holds_state=step > 0):
         return None
     state.ternary.memory.validate(saved["residuals"], {name: int(mask.sum()) for name, mask in masks.items()})
     return saved

@@ -340,6 +340,30 @@ def scenario_an_optimizer_without_the_models_parameters_is_refused():
         raise AssertionError("a hook state over an optimizer of other parameters was accepted")
 
 
+def scenario_a_shared_checkpoint_of_quantized_values_says_the_resume_is_inexact():
+    """One checkpoint saved by rank 0 (as Lightning and Accelerate save): rank 1 resumes without its own error
+    memory and is told so; rank 0 loads its own, quietly."""
+    import warnings
+
+    from pactrain_hvd.core import InexactResumeWarning
+
+    torch.manual_seed(0)
+    model = DDP(Net(), bucket_cap_mb=0.02)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    state = pt.ddp.PacTrainHookState(model, opt, sparsity=0.9, ranking="layer", begin_step=0, end_step=0,
+                                     pack_min_numel=0, packed_values="int3")
+    model.register_comm_hook(state, pt.ddp.pactrain_hook)
+    for index in range(3):
+        step(model, opt, index)
+    shared = [state.state_dict() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(shared, src=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state.load_state_dict(shared[0])
+    inexact = [w for w in caught if issubclass(w.category, InexactResumeWarning)]
+    assert len(inexact) == (dist.get_rank() != 0), [str(w.message) for w in caught]
+
+
 SCENARIOS = {
     "ternary_values": (scenario_quantized_values_and_their_exact_resume, ("ternary", 1, 13)),
     "int3_values": (scenario_quantized_values_and_their_exact_resume, ("int3", 3, 8)),
@@ -360,6 +384,7 @@ SCENARIOS = {
     "resume": (scenario_exact_resume, ()),
     "deterministic": (scenario_deterministic_mode_gives_the_same_weights, ()),
     "foreign_optimizer": (scenario_an_optimizer_without_the_models_parameters_is_refused, ()),
+    "shared_checkpoint": (scenario_a_shared_checkpoint_of_quantized_values_says_the_resume_is_inexact, ()),
 }
 
 

@@ -164,3 +164,17 @@ def test_resuming_other_settings_when_asked_warns_what_will_happen():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_saved_settings(saved, saved, 150, config)  # nothing changed: nothing said
+
+
+def test_another_ranks_per_rank_state_is_not_loaded_and_a_resume_says_it_is_inexact():
+    import pytest
+
+    from pactrain_hvd.core import InexactResumeWarning
+    from pactrain_hvd.core.resume import saved_by_this_rank
+
+    assert saved_by_this_rank(1, lambda: 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not saved_by_this_rank(0, lambda: 1, holds_state=False)  # a fresh run's start-up broadcast: quiet
+    with pytest.warns(InexactResumeWarning, match="holds rank 0's quantization error memory .* not rank 1's"):
+        assert not saved_by_this_rank(0, lambda: 1)

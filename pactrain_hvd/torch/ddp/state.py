@@ -20,7 +20,7 @@ from pactrain_hvd.core.config import config_arguments, pactrain_keywords
 from pactrain_hvd.core.cycle import PruningCycle
 from pactrain_hvd.core.encodings import ENCODINGS, packed_values_argument
 from pactrain_hvd.core.lanes import LaneLayout, quantized_layout
-from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
+from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings, saved_by_this_rank
 from pactrain_hvd.torch.checkpoint import saved_step_and_masks
 from pactrain_hvd.torch.ddp.buckets import BucketPlan, BucketPlans
 from pactrain_hvd.torch.memory import ErrorFeedback
@@ -139,7 +139,8 @@ class PacTrainHookState(PruningReadout):
         if ternary is not None and not (isinstance(ternary, dict) and {"rank", "residuals"} <= set(ternary)):
             raise CheckpointError("the 'ternary' entry needs 'rank' and 'residuals'")
         residuals = None
-        if self.lanes is not None and ternary is not None and ternary["rank"] == self._rank:  # this rank's own
+        if self.lanes is not None and ternary is not None and saved_by_this_rank(ternary["rank"], lambda: self._rank,
+                                                                               holds_state=step > 0):
             kept = {name: int(masks[name].sum()) if name in masks else p.numel() for name, p in self.parameters.items()}
             residuals = self.memory.validate(ternary["residuals"], kept)
         self.cycle.step = step
