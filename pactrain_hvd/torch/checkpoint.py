@@ -90,6 +90,9 @@ def validated(state: PacTrainState, pactrain: Any) -> SavedState:
     return SavedState(step, masks, scales, saved_ternary)
 
 
+COMPILED_PREFIX = "_orig_mod."  # what torch.compile puts before the wrapped module's parameter names
+
+
 def saved_step_and_masks(fit_masks: Callable[[Any], dict[str, np.ndarray]], saved: Any,
                          what: str) -> tuple[int, dict[str, np.ndarray]]:
     """The schedule position and masks of ``saved`` (``what``, in messages), masks checked by ``fit_masks``
@@ -102,7 +105,10 @@ def saved_step_and_masks(fit_masks: Callable[[Any], dict[str, np.ndarray]], save
     try:
         return int(step), fit_masks(saved["masks"])
     except (TypeError, ValueError) as error:
-        raise CheckpointError(f"checkpoint does not fit this model: {error}") from error
+        compiled = isinstance(saved["masks"], dict) and any(COMPILED_PREFIX in str(name) for name in saved["masks"])
+        hint = (f". Its names hold {COMPILED_PREFIX!r}: it was saved from a torch.compile'd model; compile this model "
+                "the same way before loading, or rename the masks without the prefix") if compiled else ""
+        raise CheckpointError(f"checkpoint does not fit this model: {error}{hint}") from error
 
 
 def _saved_ternary(state: PacTrainState, saved: Any, masks: dict[str, np.ndarray], step: int) -> dict | None:

@@ -157,3 +157,14 @@ def test_constructing_before_hvd_init_names_the_fix():
     assert ("RuntimeError: Horovod is not initialized: call hvd.init() before creating "
             "pactrain_hvd.torch.DistributedOptimizer") in result.stderr
 
+
+
+def test_a_checkpoint_of_a_compiled_model_names_the_prefix():
+    model, opt = trained()
+    state = opt.state_dict()
+    state["pactrain"]["masks"] = {f"_orig_mod.{name}": mask for name, mask in state["pactrain"]["masks"].items()}
+    fresh_model, fresh = trained()
+    before = snapshot(fresh_model, fresh)
+    with pytest.raises(pt.CheckpointError, match=r"Its names hold '_orig_mod\.': it was saved from a torch.compile'd"):
+        fresh.load_state_dict(state)
+    assert_unchanged(before, snapshot(fresh_model, fresh))
