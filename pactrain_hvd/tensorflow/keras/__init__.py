@@ -3,6 +3,6 @@
 from horovod.tensorflow.compression import Compression
 
 from pactrain_hvd.tensorflow.keras import callbacks, elastic
-from pactrain_hvd.tensorflow.keras.optimizer import DistributedOptimizer
+from pactrain_hvd.tensorflow.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
 
-__all__ = ["Compression", "DistributedOptimizer", "callbacks", "elastic"]
+__all__ = ["Compression", "DistributedOptimizer", "PartialDistributedOptimizer", "callbacks", "elastic"]

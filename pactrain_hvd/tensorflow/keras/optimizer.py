@@ -122,3 +122,24 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
         agree_on_skipped_steps()
     state.optimizer = distributed
     return distributed
+
+
+def PartialDistributedOptimizer(optimizer: Any, *args: Any, local_layers: Any = None, **kwargs: Any) -> Any:  # noqa: N802
+    """``hvd.PartialDistributedOptimizer``: the trainable weights of ``local_layers`` (a built Keras layer or a
+    list of them) are not reduced (their gradients are scaled by ``1 / size`` where ``scale_local_gradients``,
+    as Horovod's); every other argument as ``DistributedOptimizer``, PacTrain's included.
+
+    Example::
+
+        >>> opt = ptk.PartialDistributedOptimizer(keras.optimizers.SGD(0.01), local_layers=[model.layers[-1]],
+        ...                                       sparsity=0.9)
+    """
+    layers = [] if local_layers is None else [local_layers] if hasattr(local_layers, "trainable_weights") \
+        else list(local_layers)
+    if not all(hasattr(layer, "trainable_weights") for layer in layers):
+        raise ValueError("local_layers must be a Keras layer or a list of Keras layers")
+    distributed = DistributedOptimizer(optimizer, *args, **kwargs)
+    for layer in layers:
+        for weight in layer.trainable_weights:
+            distributed.pactrain_state.register_local(weight)
+    return distributed

@@ -9,8 +9,10 @@ from conftest import (
     LEGACY_KERAS,
     assert_same_on_all_ranks,
     batch,
+    batches,
     compiled,
     fit,
+    gathered_equal,
     keras,
     loss_fn,
     make_model,
@@ -171,3 +173,20 @@ def test_mask_drift_raises_on_every_rank_before_communicating():
         fit(model, 1, start=1)
     for name, variable in named(model.trainable_variables).items():
         np.testing.assert_array_equal(variable.numpy(), weights[name], err_msg=name)
+
+
+def test_partial_distributed_optimizer_keeps_local_layers_local():
+    """Horovod's PartialDistributedOptimizer: the head stays each rank's own, the rest is averaged and pruned."""
+    model = make_model(seed=0)
+    head = model.layers[-1]
+    opt = ptk.PartialDistributedOptimizer(keras.optimizers.SGD(0.05), local_layers=[head], sparsity=0.5,
+                                          ranking="layer", begin_step=0, end_step=0)
+    compiled(model, opt)
+    fit(model, 1, callbacks=[ptk.callbacks.BroadcastGlobalVariablesCallback(0)])
+    x, y = batches(3, start=10 + 100 * hvd.rank())  # each rank its own data: the local head drifts apart
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    variables = named(model.trainable_variables)
+    local = set(named(head.trainable_weights))
+    assert local and set(gathered_equal({name: variables[name] for name in sorted(local)}).values()) == {False}
+    assert_same_on_all_ranks({name: v for name, v in variables.items() if name not in local})
+    assert opt.masks(), "the shared layers are pruned"
