@@ -58,6 +58,16 @@ def dist_exchange(group: dist.ProcessGroup | None) -> TableExchange:
                               "(state.load_state_dict), as DDP's own modules are.")
 
 
+def stepped_optimizer(optimizer: Any) -> Any:
+    """The optimizer whose ``step`` updates the weights. A wrapper that subclasses ``torch.optim.Optimizer``
+    without initialising it and steps the optimizer it holds as ``.optimizer`` (Accelerate's
+    ``AcceleratedOptimizer``) has no step hooks of its own: the one it holds has them."""
+    inner = getattr(optimizer, "optimizer", None)
+    if isinstance(inner, torch.optim.Optimizer) and not hasattr(optimizer, "_optimizer_step_pre_hooks"):
+        return inner
+    return optimizer
+
+
 class PacTrainHookState(PruningReadout):
     """What ``pactrain_hook`` keeps between steps: schedule position, masks, bucket plans, wire accounting.
 
@@ -78,6 +88,7 @@ class PacTrainHookState(PruningReadout):
         self.config = PacTrainConfig.from_arguments(**config_arguments(pactrain))
         packed_values = packed_values_argument(pactrain["packed_values"])
         self.packed_values = packed_values
+        optimizer = stepped_optimizer(optimizer)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         module = model.module if isinstance(model, DistributedDataParallel) else model
