@@ -49,12 +49,17 @@ class BucketPlans:
         self._plans: dict[tuple[int, ...], BucketPlan] = {}  # by the ids of a bucket's parameters
         self._surviving: dict[str, torch.Tensor] = {}  # per parameter, the last plan's: the memory follows it
 
-    def clear(self, forget_survivors: bool = False) -> None:
-        """Masks changed: plans are made anew. ``forget_survivors``: loaded masks, whose memory starts from them
-        (no remap from the masks they replace)."""
+    def clear(self) -> None:
+        """Masks changed: plans are made anew, and each parameter's memory follows its survivors to them."""
         self._plans.clear()
-        if forget_survivors:
-            self._surviving.clear()
+
+    def start_from(self, masks: dict[str, torch.Tensor], parameters: dict[str, torch.Tensor]) -> None:
+        """Loaded masks (a checkpoint's, with the memory saved under them): plans are made anew, and the memory
+        follows their survivors from here, not from the masks they replace, whether or not a bucket is planned
+        before the next mask change (``optimizer.step(closure)`` ranks masks before its backward)."""
+        self._plans.clear()
+        self._surviving = {name: in_bucket_order(masks[name], p).nonzero().squeeze(1) if name in masks
+                           else torch.arange(p.numel(), device=p.device) for name, p in parameters.items()}
 
     def of(self, bucket: torch.distributed.GradBucket, masks: dict[str, torch.Tensor]) -> BucketPlan:
         parameters = bucket.parameters()

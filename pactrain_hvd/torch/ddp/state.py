@@ -168,7 +168,7 @@ class PacTrainHookState(PruningReadout):
         """Loaded masks: plans and error memory start from them (no remap from the masks they replace)."""
         self._pruner.install(masks)
         self._pruner.clear_optimizer_state(self.optimizer.state)
-        self._plans.clear(forget_survivors=True)
+        self._plans.start_from(self._pruner.masks, self.parameters)
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._verify_if_due()  # a step with no gradient sent (nothing to reduce) still checks when due
