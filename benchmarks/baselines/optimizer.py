@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -40,6 +40,14 @@ class WrappedOptimizer:
             yield
         finally:
             self._should_synchronize = True
+
+    def start_missing(self, started: dict, start: Callable[[torch.Tensor], None]) -> None:
+        """``start`` every trainable parameter not in ``started``: with no gradient this step on this rank it
+        contributes zeros, as Horovod does."""
+        for _, p in self.trainable():
+            if p not in started:
+                p.grad = torch.zeros_like(p)
+                start(p)
 
     def synchronize(self) -> None:
         raise NotImplementedError

@@ -64,10 +64,7 @@ class RandomKDistributedOptimizer(WrappedOptimizer):
         self._handles[p] = (allreduce_async(values, name=f"randomk.values.{name}", op=hvd.Average), indices)
 
     def synchronize(self) -> None:
-        for _, p in self.trainable():
-            if p not in self._handles:  # no gradient this step on this rank: contribute zeros, as Horovod does
-                p.grad = torch.zeros_like(p)
-                self._start(p)
+        self.start_missing(self._handles, self._start)
         for p, (handle, indices) in self._handles.items():
             reduced = synchronize(handle)
             with self.clock.measure():

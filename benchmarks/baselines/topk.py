@@ -107,10 +107,7 @@ class TopKDistributedOptimizer(WrappedOptimizer):
         self._handles[p] = self.communicator.start(name, values, indices)
 
     def synchronize(self) -> None:
-        for _, p in self.trainable():
-            if p not in self._handles:  # no gradient this step on this rank: contribute zeros, as Horovod does
-                p.grad = torch.zeros_like(p)
-                self._start(p)
+        self.start_missing(self._handles, self._start)
         size = hvd.size()
         for p, handle in self._handles.items():
             if self.names[p] not in self.compressed:

@@ -203,3 +203,22 @@ def test_the_readme_table_is_the_one_the_committed_verdicts_give():
     record = json.loads((REPO / protocol.record).read_text())
     table = report.readme_table(protocol, verdicts(protocol, record))
     assert table in (REPO / "README.md").read_text()
+
+
+def test_random_k_draws_the_same_coordinates_on_every_rank_and_new_ones_each_step():
+    import torch
+
+    from benchmarks.baselines.randomk import RandomKDistributedOptimizer
+
+    def optimizer():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(300, 400), torch.nn.Linear(400, 10))
+        return RandomKDistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                           density=0.1, min_compress_numel=1000)
+
+    first, second = optimizer(), optimizer()  # two ranks, seeded alike
+    assert first.compressed == {"0.weight", "1.weight"}
+    steps = [first.draw("0.weight") for _ in range(2)]
+    assert all(torch.equal(a, second.draw("0.weight")) for a in steps)
+    assert not torch.equal(steps[0], steps[1])
+    assert abs(steps[0].numel() / 120_000 - 0.1) < 0.01
