@@ -107,6 +107,9 @@ def selection(protocol: Protocol, record: dict) -> dict:
                 complete = False
                 continue
             times = seed_times(protocol, record, cell.name, method, protocol.selection_seeds, goal)
+            if family.role == "reference":  # its link runs stop at a budget: its final is its loopback run's
+                found = [run for seed in protocol.selection_seeds
+                         for run in runs_of(record, cell=loopback_cell(cell.workload), seed=seed)]
             finals = [run["curve"][-1][2] for run in found]
             rows[method] = {"train_s": median([t["train"] for t in times.values()]), "final": median(finals)}
         chosen = None
