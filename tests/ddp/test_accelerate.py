@@ -1,5 +1,6 @@
 """Hugging Face Accelerate's recipe for the DDP hook, with the real package, 2 processes under torchrun (CPU)."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,4 +21,4 @@ def test_accelerate_prepared_optimizer_and_checkpointing(tmp_path):
     except subprocess.TimeoutExpired as expired:
         pytest.fail(f"the Accelerate job hung:\n{expired.stdout}\n{expired.stderr}")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert sorted(line for line in done.stdout.splitlines() if line.startswith("OK")) == ["OK rank 0", "OK rank 1"]
+    assert sorted(re.findall(r"OK rank (\d)", done.stdout)) == ["0", "1"], done.stdout[-3000:]  # lines may interleave
