@@ -96,10 +96,14 @@ def commit() -> str:
     return result.stdout.strip() + ("+uncommitted" if dirty else "") if result.returncode == 0 else "unknown"
 
 
+def workload_of(protocol: Protocol, cell: str) -> str:
+    """A cell's workload (a loopback cell is named after its own)."""
+    return cell.split("/", 1)[1] if cell.startswith("loopback/") else protocol.cells[cell].workload
+
+
 def settings(protocol: Protocol, run: Planned, cycle_ms: float, timeout_s: float) -> SimpleNamespace:
     """What ``tta.worker_command`` and ``tta.run_method`` read, for one planned run."""
-    workload = protocol.workloads[run.cell.split("/", 1)[1] if run.cell.startswith("loopback/")
-                                  else protocol.cells[run.cell].workload]
+    workload = protocol.workloads[workload_of(protocol, run.cell)]
     reference = run.method == protocol.reference.candidates[0] and not run.cell.startswith("loopback/")
     return SimpleNamespace(steps=workload.steps, eval_every=workload.eval_every, eval_samples=workload.eval_samples,
                            eval_batches=workload.eval_batches, seed=run.seed, data_seed=run.seed, batch_size=None,
@@ -126,7 +130,7 @@ def run_where(protocol: Protocol, record: dict, where: str, runs: list[Planned],
     """Every planned run of one cell (or of a workload's loopback), in one topology built once."""
     on_loopback = where.startswith("loopback/") or loopback_only
     cell = None if where.startswith("loopback/") else protocol.cells[where]
-    workload = where.split("/", 1)[1] if cell is None else cell.workload
+    workload = workload_of(protocol, where)
     topology = Loopback(protocol.workers) if on_loopback else Topology(protocol.workers)
     context: dict = {"cycle_ms": cell.cycle_ms if cell else 1.0}
     try:
