@@ -53,8 +53,9 @@ def cell_markdown(protocol: Protocol, result: dict) -> list[str]:
     for name, row in result["families"].items():
         per_seed = [f"{seconds(row['seeds'][s]['train'])} / {seconds(row['seeds'][s]['wall'])}" if s in row["seeds"]
                     else "pending" for s in seeds]
-        lines.append(f"| {name} | `{row['method']}` | {' | '.join(per_seed)} | {seconds(row['median_train_s'])} | "
-                     f"{seconds(row['median_wall_s'])} |")
+        complete = len(row["seeds"]) == len(seeds)  # a median of the seeds run so far would mislead
+        medians = [seconds(row[f"median_{clock}_s"]) if complete else "pending" for clock in ("train", "wall")]
+        lines.append(f"| {name} | `{row['method']}` | {' | '.join(per_seed)} | {' | '.join(medians)} |")
     return lines
 
 
