@@ -18,27 +18,37 @@ import json
 import socket
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 CHUNK = 1 << 20
 
 
-def serve(host: str, port: int, timeout_s: float = 60.0) -> dict:
-    """Accept one connection, read until EOF, return ``{"bytes", "seconds", "mbit_per_s"}``."""
+@contextmanager
+def one_connection(host: str, port: int, timeout_s: float) -> Iterator[socket.socket]:
+    """Listen, say ``ready`` on stdout (the harness waits for it), and yield the first connection, both under
+    ``timeout_s``."""
     with socket.create_server((host, port)) as server:
         server.settimeout(timeout_s)
         print("ready", flush=True)
         connection, _ = server.accept()
         with connection:
             connection.settimeout(timeout_s)
-            received, first, last = 0, None, None
-            buffer = bytearray(CHUNK)
-            while True:
-                count = connection.recv_into(buffer)
-                if not count:
-                    break
-                last = time.perf_counter()
-                first = first if first is not None else last
-                received += count
+            yield connection
+
+
+def serve(host: str, port: int, timeout_s: float = 60.0) -> dict:
+    """Accept one connection, read until EOF, return ``{"bytes", "seconds", "mbit_per_s"}``."""
+    with one_connection(host, port, timeout_s) as connection:
+        received, first, last = 0, None, None
+        buffer = bytearray(CHUNK)
+        while True:
+            count = connection.recv_into(buffer)
+            if not count:
+                break
+            last = time.perf_counter()
+            first = first if first is not None else last
+            received += count
     seconds = (last - first) if received and last > first else 0.0
     return {"bytes": received, "seconds": seconds, "mbit_per_s": received * 8 / seconds / 1e6 if seconds else 0.0}
 
@@ -57,14 +67,10 @@ def send(host: str, port: int, seconds: float) -> int:
 
 def echo(host: str, port: int, timeout_s: float = 60.0) -> None:
     """Accept one connection and send back every byte until EOF."""
-    with socket.create_server((host, port)) as server:
-        server.settimeout(timeout_s)
-        print("ready", flush=True)
-        connection, _ = server.accept()
-        with connection:
-            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            while data := connection.recv(64):
-                connection.sendall(data)
+    with one_connection(host, port, timeout_s) as connection:
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while data := connection.recv(64):
+            connection.sendall(data)
 
 
 def ping(host: str, port: int, count: int = 20) -> dict:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from benchmarks.links.links import Topology, in_namespace
 from benchmarks.runner.processes import Processes, child_env, python_module, read_line
@@ -12,25 +14,39 @@ PROBE_PORT = 5201
 ECHO_PORT = 5202
 
 
+@contextmanager
+def probe_pair(topology: Topology, processes: Processes, roles: tuple[str, str], server_rank: int, client_rank: int,
+               port: int, *client_args: str, timeout_s: float = 120.0) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``probe.py``'s server role in ``server_rank``'s namespace, then its client role in ``client_rank``'s against
+    it; yields the running server and what the client printed, and stops the server after."""
+    server_role, client_role = roles
+    address = topology.worker_address(server_rank)
+    server = processes.start(
+        in_namespace(topology.worker_namespace(server_rank), python_module(
+            "benchmarks.links.probe", server_role, "--host", address, "--port", str(port))),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+    try:
+        if read_line(server, 30) != "ready":
+            raise RuntimeError(f"probe {server_role} in {topology.worker_namespace(server_rank)} did not start: "
+                               f"{server.stderr.read()}")
+        client = subprocess.run(in_namespace(topology.worker_namespace(client_rank), python_module(
+            "benchmarks.links.probe", client_role, "--host", address, "--port", str(port), *client_args)),
+            capture_output=True, text=True, env=child_env(), timeout=timeout_s)
+        if client.returncode != 0:
+            raise RuntimeError(f"probe {client_role} in {topology.worker_namespace(client_rank)} failed: "
+                               f"{client.stderr.strip()}")
+        yield server, client.stdout
+    finally:
+        processes.stop(server)
+
+
 def probe_link(topology: Topology, processes: Processes, rank: int, seconds: float) -> dict:
     """TCP from ``rank`` to the next rank: both NICs are shaped, so this is one rank's link rate."""
     peer = (rank + 1) % topology.world_size
-    sink = processes.start(
-        in_namespace(topology.worker_namespace(peer), python_module(
-            "benchmarks.links.probe", "serve", "--host", topology.worker_address(peer), "--port", str(PROBE_PORT))),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
-    try:
-        if read_line(sink, 30) != "ready":
-            raise RuntimeError(f"probe sink in {topology.worker_namespace(peer)} did not start: {sink.stderr.read()}")
-        sender = subprocess.run(in_namespace(topology.worker_namespace(rank), python_module(
-            "benchmarks.links.probe", "send", "--host", topology.worker_address(peer), "--port", str(PROBE_PORT),
-            "--seconds", str(seconds))), capture_output=True, text=True, env=child_env(), timeout=seconds + 60)
-        if sender.returncode != 0:
-            raise RuntimeError(f"probe sender in {topology.worker_namespace(rank)} failed: {sender.stderr.strip()}")
+    with probe_pair(topology, processes, ("serve", "send"), peer, rank, PROBE_PORT, "--seconds", str(seconds),
+                    timeout_s=seconds + 60) as (sink, _):
         result = json.loads(read_line(sink, 60))
         sink.wait(10)
-    finally:
-        processes.stop(sink)
     return {"rank": rank, "peer": peer, **result}
 
 
@@ -42,18 +58,5 @@ def probe_links(topology: Topology, processes: Processes, seconds: float) -> dic
 
 def probe_round_trip(topology: Topology, processes: Processes) -> float:
     """Median TCP round trip (ms) of one-byte messages from rank 0 to rank 1, on the idle emulated links."""
-    address = topology.worker_address(1)
-    server = processes.start(in_namespace(topology.worker_namespace(1), python_module(
-        "benchmarks.links.probe", "echo", "--host", address, "--port", str(ECHO_PORT))),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
-    try:
-        if read_line(server, 30) != "ready":
-            raise RuntimeError(f"echo server in {topology.worker_namespace(1)} did not start: {server.stderr.read()}")
-        pinger = subprocess.run(in_namespace(topology.worker_namespace(0), python_module(
-            "benchmarks.links.probe", "ping", "--host", address, "--port", str(ECHO_PORT))),
-            capture_output=True, text=True, env=child_env(), timeout=120)
-        if pinger.returncode != 0:
-            raise RuntimeError(f"ping from {topology.worker_namespace(0)} failed: {pinger.stderr.strip()}")
-        return json.loads(pinger.stdout)["rtt_ms"]
-    finally:
-        processes.stop(server)
+    with probe_pair(topology, processes, ("echo", "ping"), 1, 0, ECHO_PORT) as (_, printed):
+        return json.loads(printed)["rtt_ms"]
