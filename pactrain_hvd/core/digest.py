@@ -11,10 +11,19 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from pactrain_hvd.core.errors import CheckpointError
 
 DIGEST_KEY = "pactrain_digest"
 _PLAIN = (str, int, float, complex, bool, type(None), bytes)
+
+
+def ndarray_bytes(obj: Any) -> bytes | None:
+    """A NumPy array's dtype, shape and data as bytes, for ``content_digest``; None for anything else."""
+    if not isinstance(obj, np.ndarray):
+        return None
+    return f"{obj.dtype}{obj.shape}".encode() + np.ascontiguousarray(obj).tobytes()
 
 
 def content_digest(state: Any, array_bytes: Callable[[Any], bytes | None]) -> str:

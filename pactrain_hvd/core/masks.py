@@ -182,11 +182,12 @@ def select_prunable_names(named: Mapping[str, Any], prunable: Callable[[str, Any
                           default: Callable[[str, Any], bool], trainable: Callable[[Any], bool]) -> list[str]:
     """The trainable names of ``named`` to prune, by predicate, glob patterns or ``default``. A pattern that matches
     no name is an error naming it: a misspelt pattern would otherwise prune nothing, silently."""
-    predicate = prunable_predicate(prunable, default)
     if prunable is not None and not callable(prunable):
-        unmatched = [pattern for pattern in prunable_patterns(prunable)
+        prunable = prunable_patterns(prunable)  # read once: an iterator would be spent by the check below
+        unmatched = [pattern for pattern in prunable
                      if not any(fnmatch.fnmatchcase(name, pattern) for name in named)]
         if unmatched:
             shown = ", ".join(sorted(named)[:5]) + (", ..." if len(named) > 5 else "")
             raise ValueError(f"prunable pattern {unmatched[0]!r} matches no parameter name (names look like: {shown})")
+    predicate = prunable_predicate(prunable, default)
     return [name for name, tensor in named.items() if trainable(tensor) and predicate(name, tensor)]

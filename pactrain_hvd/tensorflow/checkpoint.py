@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pactrain_hvd.core import CheckpointError
-from pactrain_hvd.core.digest import DIGEST_KEY, with_digest, without_digest
+from pactrain_hvd.core.digest import DIGEST_KEY, ndarray_bytes, with_digest, without_digest
 
 
 @dataclass
@@ -61,15 +61,8 @@ def to_bytes(saved: SavedState) -> bytes:
                   positions=np.array([position for position, _, _ in saved.masks], dtype=np.int64),
                   **{f"mask_{i}": mask for i, (_, _, mask) in enumerate(saved.masks)}, **ternary)
     buffer = io.BytesIO()
-    np.savez(buffer, **with_digest({k: np.asarray(v) for k, v in arrays.items()}, _array_bytes))
+    np.savez(buffer, **with_digest({k: np.asarray(v) for k, v in arrays.items()}, ndarray_bytes))
     return buffer.getvalue()
-
-
-def _array_bytes(obj: object) -> bytes | None:
-    """An array's dtype, shape and data, for ``core.digest``."""
-    if not isinstance(obj, np.ndarray):
-        return None
-    return f"{obj.dtype}{obj.shape}".encode() + np.ascontiguousarray(obj).tobytes()
 
 
 def parse(blob: bytes) -> SavedState:
@@ -82,7 +75,7 @@ def parse(blob: bytes) -> SavedState:
                               f"is truncated, corrupt or of another kind): {error}") from error
     if DIGEST_KEY in entries:
         entries[DIGEST_KEY] = str(entries[DIGEST_KEY])
-    saved = without_digest(entries, _array_bytes, "(TensorFlow PacTrain state)")
+    saved = without_digest(entries, ndarray_bytes, "(TensorFlow PacTrain state)")
     try:
         names = [str(name) for name in saved["names"]]
         positions = [int(position) for position in saved["positions"]]

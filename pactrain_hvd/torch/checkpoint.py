@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from pactrain_hvd.core import CheckpointError, check_saved_world_size, saved_by_this_rank, while_running
-from pactrain_hvd.core.digest import with_digest, without_digest
+from pactrain_hvd.core.digest import ndarray_bytes, with_digest, without_digest
 from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
 from pactrain_hvd.torch.state import PacTrainState
 
@@ -133,10 +133,8 @@ def restore(state: PacTrainState, saved: SavedState) -> None:
 
 def array_bytes(obj: Any) -> bytes | None:
     """A tensor's (or array's) dtype, shape and data as bytes, for ``core.digest``; None for anything else."""
-    if isinstance(obj, np.ndarray):
-        return f"{obj.dtype}{obj.shape}".encode() + np.ascontiguousarray(obj).tobytes()
     if not isinstance(obj, torch.Tensor):
-        return None
+        return ndarray_bytes(obj)
     tensor = obj.detach().cpu()
     if tensor.is_sparse:
         tensor = tensor.coalesce()
