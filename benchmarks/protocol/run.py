@@ -132,7 +132,7 @@ def run_where(protocol: Protocol, record: dict, where: str, runs: list[Planned],
     cell = None if where.startswith("loopback/") else protocol.cells[where]
     workload = workload_of(protocol, where)
     topology = Loopback(protocol.workers) if on_loopback else Topology(protocol.workers)
-    context: dict = {"cycle_ms": cell.cycle_ms if cell else 1.0}
+    context: dict = {"cycle_ms": cell.cycle_ms if cell else 1.0, "commit": commit()}  # the code of this part
     try:
         if on_loopback:
             context["where"] = "loopback, unshaped"
@@ -152,7 +152,7 @@ def run_where(protocol: Protocol, record: dict, where: str, runs: list[Planned],
             args = settings(protocol, run, context["cycle_ms"], timeout_s)
             raw = run_method(args, topology, processes, workload, run.method, workdir)
             entry = {"stage": run.stage, "cell": run.cell, "family": run.family, "method": run.method,
-                     "seed": run.seed, "commit": commit(), "load": os.getloadavg(), **context, **summarized(raw)}
+                     "seed": run.seed, "load": os.getloadavg(), **context, **summarized(raw)}
             record["runs"].append(entry)
             save_record(path, record)
             final = entry["curve"][-1]
