@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pactrain_hvd.core.agreement import WIRE_FORMAT, Setting
+from pactrain_hvd.core.local_steps import check_local_steps
 from pactrain_hvd.core.masks import DEFAULT_RANKING, RANKINGS  # noqa: F401 (DEFAULT_RANKING: re-exported)
 from pactrain_hvd.core.numeric import plain_number
 from pactrain_hvd.core.plan import DEFAULT_MAX_DENSITY, DEFAULT_MIN_NUMEL
@@ -68,9 +69,13 @@ KEYWORDS: dict[str, Any] = {
     "schedule": None, "prunable": None, "ranking": DEFAULT_RANKING, "pack_min_numel": None, "pack_max_density": None,
     "verify_every": DEFAULT_VERIFY_EVERY, "packed_values": "inherit", "masks": None, "continue_pruning": False,
     "resume_changed_settings": False, "values": None, "rescale_survivors": False,
+    "sync_every": 1, "outer_lr": 0.7, "outer_momentum": 0.9,
 }
 CONFIG_KEYWORDS = ("sparsity", "begin_step", "end_step", "frequency", "total_steps", "schedule", "ranking",
-                   "pack_min_numel", "pack_max_density", "verify_every", "resume_changed_settings", "rescale_survivors")
+                   "pack_min_numel", "pack_max_density", "verify_every", "resume_changed_settings", "rescale_survivors",
+                   "sync_every", "outer_lr", "outer_momentum")
+# Local steps with an outer sync (``core.local_steps``): so far the torch DistributedOptimizer's alone.
+LOCAL_STEP_KEYWORDS = ("sync_every", "outer_lr", "outer_momentum")
 
 
 def pactrain_keywords(*, without: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
@@ -119,10 +124,15 @@ class PacTrainConfig:
     power: int = 3
     # A fresh model pruned before its first update: survivors take their tensor's norm (core.survivor_scales).
     rescale_survivors: bool = False
+    # Local steps: ranks step on their own gradients and average their progress every ``sync_every`` steps,
+    # taking an outer Nesterov step of ``outer_lr`` and ``outer_momentum`` (core.local_steps). 1: every step.
+    sync_every: int = 1
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
 
     def __post_init__(self) -> None:
         for name in ("sparsity", "begin_step", "end_step", "frequency", "pack_min_numel", "pack_max_density",
-                     "verify_every", "total_steps"):  # numpy scalars and 0-d tensors as Python numbers
+                     "verify_every", "total_steps", "sync_every", "outer_lr", "outer_momentum"):  # numpy scalars and 0-d tensors as Python numbers
             object.__setattr__(self, name, plain_number(getattr(self, name)))
         if isinstance(self.sparsity, bool) or not isinstance(self.sparsity, (int, float)):
             raise TypeError(f"sparsity must be a number in [0, 1), got {self.sparsity!r}")
@@ -144,6 +154,7 @@ class PacTrainConfig:
             raise TypeError(f"resume_changed_settings must be a bool, got {self.resume_changed_settings!r}")
         if self.verify_every < 0:
             raise ValueError(f"verify_every must be >= 0 (0: only at mask changes), got {self.verify_every!r}")
+        check_local_steps(self.sync_every, self.outer_lr, self.outer_momentum)
         schedule = self.schedule  # validates begin_step, end_step, frequency
         if not isinstance(self.rescale_survivors, bool):
             raise TypeError(f"rescale_survivors must be a bool, got {self.rescale_survivors!r}")
@@ -190,7 +201,8 @@ class PacTrainConfig:
                 "frequency": self.frequency, "sparsity": float(self.sparsity), "ranking": self.ranking,
                 "pack_min_numel": self.pack_min_numel, "pack_max_density": float(self.pack_max_density),
                 "verify_every": self.verify_every, "initial_sparsity": float(self.initial_sparsity), "power": self.power,
-                "rescale_survivors": self.rescale_survivors, "wire_format": WIRE_FORMAT}
+                "rescale_survivors": self.rescale_survivors, "sync_every": self.sync_every,
+                "outer_lr": float(self.outer_lr), "outer_momentum": float(self.outer_momentum), "wire_format": WIRE_FORMAT}
 
     def verifies_at(self, step: int) -> bool:
         """Whether ``step`` has a periodic Mask Tracker check (every ``verify_every`` steps; 0: none)."""

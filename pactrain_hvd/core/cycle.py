@@ -7,7 +7,8 @@ the Mask Tracker is due are decided here, the same way for all of them.
 
 A step's life: ``first_masks_due`` (a schedule that prunes at step 0 ranks before the step's first
 communication, then ``pruned_early``), ``take_verification`` before the first communication,
-``update_due`` before the optimizer's update, ``advance`` after it. A state whose step runs as a traced
+``update_due`` before the optimizer's update, ``advance`` after it, and with local steps ``sync_due`` after
+that. A state whose step runs as a traced
 graph (TF) maintains only at steps chosen ahead: ``next_due`` says which, ``maintenance`` what is due there,
 ``maintained`` records it done.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from pactrain_hvd.core.config import PacTrainConfig
+from pactrain_hvd.core.local_steps import ranks_at
 
 NEVER = int(np.iinfo(np.int64).max)  # ``next_maintenance``: no schedule update or periodic check is left
 DUE_NOW = -1  # ``PruningCycle.next_due``: a requested check is due at the next step, whatever its number
@@ -68,8 +70,23 @@ class PruningCycle:
         return self.pruned_at == self.step
 
     def update_due(self) -> bool:
-        """Whether the schedule ranks new masks at this step, after its reduction."""
-        return self.config.schedule.is_update_step(self.step) and self.pruned_at != self.step
+        """Whether the schedule ranks new masks at this step, after its reduction (with local steps: at the
+        first step of an interval, ``core.local_steps.ranks_at``)."""
+        return ranks_at(self.config.schedule, self.step, self.config.sync_every) and self.pruned_at != self.step
+
+    # -- local steps (``core.local_steps``) ---------------------------------------------------------
+    @property
+    def local(self) -> bool:
+        """Whether gradients stay on their rank, and ranks average their progress every ``sync_every`` steps."""
+        return self.config.sync_every > 1
+
+    def interval_begins(self) -> bool:
+        """Whether this step is an interval's first: every rank holds the anchor's weights (before its update)."""
+        return self.step % self.config.sync_every == 0
+
+    def sync_due(self) -> bool:
+        """After ``advance``: whether the interval just ended (the outer sync is due now)."""
+        return self.local and self.interval_begins()
 
     def take_verification(self) -> int | None:
         """The position a due Mask Tracker check proves (0 where nothing is tracked: only the settings must

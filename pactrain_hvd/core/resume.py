@@ -60,7 +60,7 @@ def saved_by_this_rank(saved_rank: int, rank: Callable[[], int], holds_state: bo
 
 
 # The settings a checkpoint's masks and schedule position were reached under.
-RESUMED_SETTINGS = ("sparsity", "begin_step", "end_step", "frequency", "ranking", "packed_values")
+RESUMED_SETTINGS = ("sparsity", "begin_step", "end_step", "frequency", "ranking", "packed_values", "sync_every")
 
 
 def checkpoint_settings(config: PacTrainConfig, packed_values: str) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from pactrain_hvd.core import (
     saved_by_this_rank,
 )
 from pactrain_hvd.core.agreement import horovod_settings
-from pactrain_hvd.core.config import pactrain_keywords, reduce_op_name
+from pactrain_hvd.core.config import LOCAL_STEP_KEYWORDS, pactrain_keywords, reduce_op_name
 from pactrain_hvd.core.cycle import PruningCycle
 from pactrain_hvd.core.encodings import ENCODINGS, packed_values_argument
 from pactrain_hvd.core.lanes import quantized_layout
@@ -112,7 +112,7 @@ class PacTrainState(Binding, Maintenance, HorovodEngine, tf.train.experimental.P
         ...     opt.apply_gradients(zip(grads, model.trainable_variables))
     """
 
-    @pactrain_keywords()
+    @pactrain_keywords(without=LOCAL_STEP_KEYWORDS)
     def __init__(
         self,
         compression: type[Compressor] = Compression.none,

@@ -59,6 +59,9 @@ def checked_arguments(*, backward_passes_per_step: Any, compression: Any, op: An
         raise TypeError(f"compression must be a Horovod compressor such as hvd.Compression.fp16 or "
                         f"hvd.Compression.none, got {compression!r} ({type(compression).__name__})")
     op_name = reduce_op_name(hvd, op, gradient_predivide_factor)
+    if config.sync_every > 1 and op_name != "Average":
+        raise ValueError(f"sync_every={config.sync_every} needs op=hvd.Average (the outer sync averages the ranks' "
+                         f"progress; local steps reduce no gradients), got op=hvd.{op_name}")
     if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
         raise ValueError("groups should be a positive integer or a list of lists of torch.Tensor")
     ENCODINGS[packed_values].check(op_name, groups is not None)

@@ -1,12 +1,13 @@
 """Checkpoints: PacTrain's entries in an optimizer state dict, and atomic checkpoint files.
 
 ``DistributedOptimizer.state_dict()`` is the wrapped optimizer's plus ``"pactrain"`` (schedule
-position, masks, ternary memory and scales). Where the wrapped optimizer has state, each prunable
-parameter's entry also holds its mask (``"pactrain.mask"``: uint8, as Horovod broadcasts no bool
-tensors; the same tensor as in ``["pactrain"]["masks"]``, so a checkpoint stores it once) and the
-first parameter's the schedule position (``"pactrain.step"``) and held ternary scales
-(``"pactrain.scales"``): ``hvd.broadcast_optimizer_state`` broadcasts them with the rest, so
-Horovod's own resume idiom carries them (``PacTrainState.export``).
+position, masks, ternary memory and scales; with local steps the anchor and outer momentum). Where
+the wrapped optimizer has state, each prunable parameter's entry also holds its mask
+(``"pactrain.mask"``: uint8, as Horovod broadcasts no bool tensors; the same tensor as in
+``["pactrain"]["masks"]``, so a checkpoint stores it once), the first parameter's the schedule
+position (``"pactrain.step"``) and held ternary scales (``"pactrain.scales"``), and with local steps
+each parameter's its anchor and outer momentum: ``hvd.broadcast_optimizer_state`` broadcasts them
+with the rest, so Horovod's own resume idiom carries them (``PacTrainState.export``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
 from pactrain_hvd.torch.state import PacTrainState
 
 _MASK_KEY, _STEP_KEY, _SCALES_KEY = "pactrain.mask", "pactrain.step", "pactrain.scales"
+_ANCHOR_KEY, _MOMENTUM_KEY = "pactrain.anchor", "pactrain.outer_momentum"
+_KEYS = (_MASK_KEY, _STEP_KEY, _SCALES_KEY, _ANCHOR_KEY, _MOMENTUM_KEY)
 
 
 @dataclass
@@ -39,6 +42,7 @@ class SavedState:
     masks: dict[str, np.ndarray]
     scales: torch.Tensor | None  # held ternary scales, one per parameter (NaN: none)
     ternary: dict | None  # this rank's error memory and noise, if this rank saved it
+    outer: dict | None = None  # local steps' anchor and outer momentum
 
 
 def with_pactrain(state: PacTrainState, inner: dict, optimized: list[torch.Tensor]) -> dict:
@@ -47,13 +51,19 @@ def with_pactrain(state: PacTrainState, inner: dict, optimized: list[torch.Tenso
     inner["pactrain"] = {"step": state.step_count, "sparsity": state.config.sparsity,
                          "settings": checkpoint_settings(state.config, state.packed_values),
                          "world_size": while_running(state.process_set.size), "masks": exported["masks"]}
-    if state.tracking and inner["state"]:  # Horovod initialises an empty state first; then the keys match
+    if state.outer is not None:
+        inner["pactrain"]["outer"] = state.outer.state_dict()
+    if (state.tracking or state.outer is not None) and inner["state"]:  # Horovod initialises an empty state first
         index = {id(p): i for i, p in enumerate(optimized)}
         additions = {0: {_STEP_KEY: exported["step"]}}
         if "scales" in exported:
             additions[0][_SCALES_KEY] = exported["scales"]
         for name, flags in exported["masks"].items():
             additions.setdefault(index[id(state.parameters[name])], {})[_MASK_KEY] = flags
+        if state.outer is not None:  # the live tensors: the broadcast writes the root's into them
+            for name, anchor in state.outer.anchor.items():
+                additions.setdefault(index[id(state.parameters[name])], {}).update(
+                    {_ANCHOR_KEY: anchor, _MOMENTUM_KEY: state.outer.momentum[name]})
         for pid, entries in additions.items():  # new dicts: the wrapped optimizer's own stay as they are
             inner["state"][pid] = {**inner["state"].get(pid, {}), **entries}
     if state.ternary is not None:
@@ -67,7 +77,7 @@ def without_pactrain(state_dict: dict) -> tuple[dict, Any]:
     state_dict = dict(state_dict)
     pactrain = state_dict.pop("pactrain", None)
     if isinstance(state_dict.get("state"), dict):
-        state_dict["state"] = {pid: {k: v for k, v in entry.items() if k not in (_MASK_KEY, _STEP_KEY, _SCALES_KEY)}
+        state_dict["state"] = {pid: {k: v for k, v in entry.items() if k not in _KEYS}
                                if isinstance(entry, dict) else entry for pid, entry in state_dict["state"].items()}
     return state_dict, pactrain
 
@@ -80,14 +90,17 @@ def validated(state: PacTrainState, pactrain: Any) -> SavedState:
     current = while_running(state.process_set.size)
     if current is not None:
         check_saved_world_size(pactrain.get("world_size"), current)
+    outer = pactrain.get("outer") if state.outer is not None else None
+    if outer is not None:
+        state.outer.validate(outer)
     if state.ternary is None:
-        return SavedState(step, masks, None, None)
+        return SavedState(step, masks, None, None, outer)
     saved_ternary = _saved_ternary(state, pactrain.get("ternary"), masks, step)
     scales = pactrain.get("ternary_scales")
     count = len(state.parameters)
     if scales is not None and (not isinstance(scales, torch.Tensor) or scales.shape != (count,)):
         raise CheckpointError(f"checkpoint 'ternary_scales' must be a tensor of {count} values, one per parameter")
-    return SavedState(step, masks, scales, saved_ternary)
+    return SavedState(step, masks, scales, saved_ternary, outer)
 
 
 COMPILED_PREFIX = "_orig_mod."  # what torch.compile puts before the wrapped module's parameter names
@@ -125,8 +138,14 @@ def _saved_ternary(state: PacTrainState, saved: Any, masks: dict[str, np.ndarray
 
 def restore(state: PacTrainState, saved: SavedState) -> None:
     """Install ``saved``: masks, schedule position and held scales (the same on every rank, whichever rank's
-    checkpoint it is), and where this rank saved it, its ternary error memory and noise."""
+    checkpoint it is), and where this rank saved it, its ternary error memory and noise. With local steps: the
+    anchor and outer momentum (a checkpoint without them: the weights now are the anchor, no momentum)."""
     state.adopt(saved.step, saved.masks, saved.scales)
+    if state.outer is not None:
+        if saved.outer is not None:
+            state.outer.load_state_dict(saved.outer)
+        else:
+            state.outer.restart()
     if saved.ternary is not None:
         state.load_ternary(saved.ternary)
 

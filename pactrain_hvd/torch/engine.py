@@ -41,7 +41,7 @@ class HorovodEngine:
         self._pactrain = state
         self._parameters = state.parameters  # name -> parameter, in name order
         self._names = state.names
-        self._communicating = state.communicating
+        self._communicating = state.communicating and not state.cycle.local  # local steps: gradients stay
         self._warned_sparse: set[torch.Tensor] = set()
         self._handles: dict[Any, tuple[Any, Any]] = {}
         self._delay = {p: self.backward_passes_per_step for p in self._parameters.values()}
@@ -80,8 +80,8 @@ class HorovodEngine:
             p.grad = grad
         return grad
 
-    def _compress(self, p: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        wire, ctx = self._pactrain.compressor(p).compress(self._local_grad(p))
+    def _compress(self, p: torch.Tensor, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        wire, ctx = self._pactrain.compressor(p).compress(tensor)
         self._pactrain.record(p, wire.numel() * wire.element_size())
         return wire, ctx
 
@@ -90,21 +90,32 @@ class HorovodEngine:
         compressor = self._pactrain.compressor(p)
         if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense and compressor.mask is None:
             return self._sparse_allreduce_grad_async(p)
-        if compressor.lanes is not None:
-            return self._ternary_start(p)
-        wire, ctx = self._compress(p)
-        handle = allreduce_async_(wire, name=self._names[p], op=self.op, process_set=self.process_set,
-                                  **self._scale_factors())
-        return handle, ctx
+        return self._start(p, self._local_grad(p), self.op, **self._scale_factors())
 
-    def _ternary_start(self, p: torch.Tensor) -> tuple[TernarySend, None]:
-        """Launch ``p``'s ternary all-reduce (see ``TernaryReduction``): from the hook, no blocking collective."""
+    def _start(self, p: torch.Tensor, tensor: torch.Tensor, op: int, **factors: float) -> tuple[Any, Any]:
+        """Launch the all-reduce of ``tensor`` (``p``'s gradient or outer gradient) through ``p``'s codec."""
         state = self._pactrain
-        state.follow_world_size()
-        ternary = state.ternary
-        send = ternary.start(self._names[p], self._local_grad(p), state.compressor(p), average=self.op == hvd.Average)
-        state.record(p, 4 * ternary.layout.words(send.values.numel()) + SCALE_BYTES)  # int32 words + the MAX
-        return send, None
+        compressor = state.compressor(p)
+        if compressor.lanes is not None:  # quantized codes (see ``TernaryReduction``): no blocking collective
+            state.follow_world_size()
+            ternary = state.ternary
+            send = ternary.start(self._names[p], tensor, compressor, average=op == hvd.Average)
+            state.record(p, 4 * ternary.layout.words(send.values.numel()) + SCALE_BYTES)  # int32 words + the MAX
+            return send, None
+        wire, ctx = self._compress(p, tensor)
+        return allreduce_async_(wire, name=self._names[p], op=op, process_set=self.process_set, **factors), ctx
+
+    def _outer_sync(self) -> None:
+        """Local steps' sync (``core.local_steps``): the ranks' outer gradients averaged through each tensor's
+        codec, then the outer step; every rank continues from the new anchor."""
+        state = self._pactrain
+        gradients = state.outer.outer_gradients()
+        if state.communicating:
+            sends = {name: self._start(self._parameters[name], gradient, hvd.Average)
+                     for name, gradient in gradients.items()}  # in name order, the same on every rank
+            gradients = {name: self._finish(self._parameters[name], *send) for name, send in sends.items()}
+        state.outer.step(gradients)
+        state.synced()
 
     def _sparse_allreduce_grad_async(self, p: torch.Tensor) -> tuple[Any, None]:
         """An unpruned sparse gradient travels as Horovod sends it: indices and values allgathered."""
@@ -115,7 +126,7 @@ class HorovodEngine:
 
     def _finish(self, p: torch.Tensor, handle: Any, ctx: Any) -> torch.Tensor:
         if isinstance(handle, TernarySend):
-            return self._pactrain._ternary.finish(handle)
+            return self._pactrain.ternary.finish(handle)
         if callable(handle):  # a sparse allgather
             return handle()
         return self._decompress(p, synchronize(handle), ctx)
@@ -170,7 +181,7 @@ class HorovodEngine:
 
     def _grouped_allreduce_grad_async(self, group: tuple) -> tuple[Any, Any]:
         self._pactrain.before_communication()
-        wires, ctxs = zip(*[self._compress(p) for p in group])
+        wires, ctxs = zip(*[self._compress(p, self._local_grad(p)) for p in group])
         handle = grouped_allreduce_async_(list(wires), name=self._names[group[0]], op=self.op, process_set=self.process_set,
                                           **self._scale_factors())
         return handle, ctxs

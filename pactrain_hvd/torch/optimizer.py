@@ -76,6 +76,15 @@ class DistributedOptimizer(HorovodEngine, StateReadings, torch.optim.Optimizer):
     - ``resume_changed_settings``: ``load_state_dict`` of a checkpoint saved with another ``sparsity``,
       schedule, ``ranking`` or ``packed_values`` raises ``CheckpointError`` unless this is True; then
       it warns and continues from the checkpoint's masks and step under this optimizer's settings.
+    - ``sync_every``: local steps (DiLoCo's schedule). 1 (default): every step's gradients are reduced.
+      H > 1: each rank steps on its own gradients and nothing is communicated, and every H steps the
+      ranks average their progress since the last sync (the anchor weights minus their own), packed
+      like gradients (survivors only, in ``packed_values``), and take one outer step from the anchor:
+      SGD with Nesterov momentum ``outer_momentum`` (default 0.9) and learning rate ``outer_lr``
+      (default 0.7); ``outer_lr=1.0, outer_momentum=0.0`` is plain model averaging. The wrapped
+      optimizer's state stays local. Masks are ranked only at an interval's first step (a schedule
+      update inside an interval moves there). Needs ``op=hvd.Average``; ``groups`` does not apply.
+      Each rank saves and loads its own checkpoint to resume mid-interval exactly (local weights differ).
 
     Every rank must pass the same settings: the first step proves it (``SettingsMismatchError``
     on every rank, naming the setting and each rank's value, instead of a hang).
@@ -185,6 +194,8 @@ class DistributedOptimizer(HorovodEngine, StateReadings, torch.optim.Optimizer):
         remask = self._pactrain.before_update()
         loss = self._optimizer.step(closure)
         self._pactrain.after_update(remask)
+        if self._pactrain.cycle.sync_due():
+            self._outer_sync()
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -23,6 +23,7 @@ from pactrain_hvd.core.encodings import ENCODINGS
 from pactrain_hvd.core.lanes import quantized_layout
 from pactrain_hvd.torch.carry import BroadcastCarry
 from pactrain_hvd.torch.compression import PACKED_WIRES, PacTrainCompressor
+from pactrain_hvd.torch.outer import OuterSync
 from pactrain_hvd.torch.own_masks import resolve_masks, sync_prune_buffers, warn_if_torch_pruned
 from pactrain_hvd.torch.pruning import Prunable, Pruner, PruningReadout, host_masks, select_prunable, zero_stays_zero
 from pactrain_hvd.torch.ternary import TernaryReduction
@@ -76,6 +77,8 @@ class PacTrainState(PruningReadout, BroadcastCarry):
         self._compression = compression
         self._packed_compression = encoding.wire_of(PACKED_WIRES, "horovod.torch") or compression
         self._compressors: dict[torch.Tensor, PacTrainCompressor] = {}
+        # With local steps: the anchor and outer momentum (None: every step's gradients are reduced).
+        self.outer = OuterSync(parameters, config.outer_lr, config.outer_momentum) if self.cycle.local else None
         self.rebuild_plan()
         if own_masks:
             self.set_masks(own_masks)  # validated; proven equal on all ranks before the first all-reduce
@@ -149,6 +152,8 @@ class PacTrainState(PruningReadout, BroadcastCarry):
 
     def _after_mask_change(self) -> None:
         self._pruner.clear_optimizer_state(self._optimizer.state)
+        if self.outer is not None:
+            self.outer.mask(self._pruner.masks)
         sync_prune_buffers(self._prune_buffers, self._pruner.masks)
         self.rebuild_plan()
 
@@ -239,8 +244,12 @@ class PacTrainState(PruningReadout, BroadcastCarry):
             self._pruner.update(cycle.step, verify=self.communicating)
             self._after_mask_change()
             self._pruner.mask_gradients()
-        elif not self.communicating:
+        elif not self.communicating or cycle.local:
             self._pruner.mask_gradients()  # nothing packed them: pruned weights still get no update
+        if cycle.local:
+            self._stats = StepStats(step=cycle.step)  # a local step sends nothing
+            if cycle.interval_begins():
+                self.outer.take_anchor()  # the weights every rank holds, masked
         return remask
 
     def after_update(self, remask: bool) -> None:
@@ -249,6 +258,11 @@ class PacTrainState(PruningReadout, BroadcastCarry):
             self._pruner.apply_to_weights()
             self._weights_unmasked = False
         self.cycle.advance()  # a periodic check due now runs before the next step's first all-reduce
+
+    def synced(self) -> None:
+        """The outer sync is done: its quantization residuals are kept."""
+        if self._ternary is not None:
+            self._ternary.memory.commit()
 
     def discard_step(self) -> None:
         """The step in flight is abandoned (a state dict is loaded): its ternary residuals are not kept."""

@@ -4,13 +4,13 @@ import inspect
 
 import pytest
 
-from pactrain_hvd.core.config import KEYWORDS, pactrain_keywords
+from pactrain_hvd.core.config import KEYWORDS, LOCAL_STEP_KEYWORDS, pactrain_keywords
 
 FACADES = {  # module:name -> the keywords a façade leaves out
     "pactrain_hvd.torch.optimizer:DistributedOptimizer": (),
-    "pactrain_hvd.torch.ddp:PacTrainHookState": ("masks", "continue_pruning", "values"),
-    "pactrain_hvd.tensorflow.state:PacTrainState": (),
-    "pactrain_hvd.tensorflow.keras.optimizer:DistributedOptimizer": (),
+    "pactrain_hvd.torch.ddp:PacTrainHookState": ("masks", "continue_pruning", "values") + LOCAL_STEP_KEYWORDS,
+    "pactrain_hvd.tensorflow.state:PacTrainState": LOCAL_STEP_KEYWORDS,
+    "pactrain_hvd.tensorflow.keras.optimizer:DistributedOptimizer": LOCAL_STEP_KEYWORDS,
 }
 
 

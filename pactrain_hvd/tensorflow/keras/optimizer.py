@@ -21,7 +21,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 from horovod.tensorflow.compression import Compression, Compressor
 
-from pactrain_hvd.core.config import pactrain_keywords, passes_per_step
+from pactrain_hvd.core.config import LOCAL_STEP_KEYWORDS, pactrain_keywords, passes_per_step
 from pactrain_hvd.core.encodings import packed_values_argument
 from pactrain_hvd.tensorflow.keras.apply import Keras3Apply, PacTrainOptimizer, TfKerasApply, agree_on_skipped_steps
 from pactrain_hvd.tensorflow.keras.gradient_aggregation import LocalAggregation
@@ -41,7 +41,7 @@ def _distributed_class(optimizer_class: type) -> type:
                 {"__module__": optimizer_class.__module__, "__qualname__": optimizer_class.__qualname__})
 
 
-@pactrain_keywords()
+@pactrain_keywords(without=LOCAL_STEP_KEYWORDS)
 def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
     optimizer: Any,
     name: str | None = None,

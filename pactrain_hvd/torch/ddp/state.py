@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from pactrain_hvd.core import CheckpointError, PacTrainConfig, StepStats, TensorStats
-from pactrain_hvd.core.config import config_arguments, pactrain_keywords
+from pactrain_hvd.core.config import LOCAL_STEP_KEYWORDS, config_arguments, pactrain_keywords
 from pactrain_hvd.core.cycle import PruningCycle
 from pactrain_hvd.core.encodings import ENCODINGS, packed_values_argument
 from pactrain_hvd.core.lanes import LaneLayout, quantized_layout
@@ -82,7 +82,7 @@ class PacTrainHookState(PruningReadout):
     the first step proves it (``SettingsMismatchError`` on every rank instead of a hang).
     """
 
-    @pactrain_keywords(without=("masks", "continue_pruning", "values"))
+    @pactrain_keywords(without=("masks", "continue_pruning", "values") + LOCAL_STEP_KEYWORDS)
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  process_group: dist.ProcessGroup | None = None, **pactrain: Any) -> None:
         self.config = PacTrainConfig.from_arguments(**config_arguments(pactrain))
