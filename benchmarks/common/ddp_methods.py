@@ -4,7 +4,9 @@
 ``ddp-powersgd`` torch's ``powerSGD_hook`` (rank 4, error feedback, warm start; one bucket, see
 ``one_bucket_mb``); ``ddp-pactrain-...`` ``pt.ddp.pactrain_hook`` with the same pruning schedule as
 the Horovod methods, its fp16 and ternary variants under torch's ``fp16_compress_wrapper`` (dense
-buckets in fp16, as the Horovod methods' ``Compression.fp16`` sends dense tensors). Every worker joins
+buckets in fp16, as the Horovod methods' ``Compression.fp16`` sends dense tensors); ``ddp-average-hH``
+torch's local SGD: no gradient communication (``noop_hook``) and ``PeriodicModelAverager`` averaging the
+parameters every H steps after the update (``PostLocalSGDOptimizer``, ``trainer``). Every worker joins
 ``torch.distributed`` (Gloo) from the harness's ``MASTER_ADDR`` / ``MASTER_PORT``.
 """
 
@@ -15,6 +17,9 @@ import os
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+from torch.distributed.optim import PostLocalSGDOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 import pactrain_hvd.torch as pt
@@ -75,6 +80,9 @@ def wrap(spec: MethodSpec, model: torch.nn.Module, optimizer: torch.optim.Optimi
     if spec.kind == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         return ddp, None
+    if spec.kind == "average":  # gradients stay local; ``trainer`` averages the parameters
+        ddp.register_comm_hook(None, noop_hook)
+        return ddp, None
     if spec.kind == "powersgd":
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=spec.rank,
                                             start_powerSGD_iter=POWERSGD_START_ITER,
@@ -90,3 +98,11 @@ def wrap(spec: MethodSpec, model: torch.nn.Module, optimizer: torch.optim.Optimi
         ddp.register_comm_hook(state, hook)
         return ddp, state
     raise ValueError(f"no DDP method of kind {spec.kind!r}")
+
+
+def trainer(spec: MethodSpec, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """What steps ``spec``'s DDP model: ``optimizer``, or for model averaging torch's optimizer that averages the
+    parameters every ``spec.sync_every`` steps after the update."""
+    if spec.kind != "average":
+        return optimizer
+    return PostLocalSGDOptimizer(optimizer, PeriodicModelAverager(period=spec.sync_every, warmup_steps=0))

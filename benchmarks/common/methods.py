@@ -11,7 +11,10 @@ product's default window applies. ``-w0-0`` is sparse from the first step: the m
 step 0's all-reduce, so no step sends a prunable tensor dense (``pt.ConstantSparsity``). ``-ramp50`` in its place
 is a short ramp, packed from step 0 as well: 0.5 at step 0 to the sparsity at step 50, masks re-ranked at every
 step (``pt.short_ramp``). A name pruned at step 0 may end in ``-rescale``: the survivors of step 0's masks take
-their tensor's norm (``rescale_survivors=True``). ``ddp``-prefixed names are the same methods on torch
+their tensor's norm (``rescale_survivors=True``), and in ``-syncH``: local steps, the ranks' progress averaged and an
+outer step taken every H steps (``sync_every=H``). ``diloco-h25-fp16`` is the same with nothing pruned (DiLoCo on
+Horovod; ``-fp32``: outer values in fp32), and ``ddp-average-h25`` torch's ``PeriodicModelAverager`` on DDP (no
+gradient communication; parameters averaged every 25 steps). ``ddp``-prefixed names are the same methods on torch
 DistributedDataParallel with its comm hooks (``bench/ddp_methods.py``): ``ddp`` (DDP's own all-reduce),
 ``ddp-fp16`` (``fp16_compress_hook``), ``ddp-powersgd`` (torch's ``powerSGD_hook``), ``ddp-pactrain-0.9-fp16``
 (``pt.ddp.pactrain_hook``). ``tf-``-prefixed names run in TensorFlow, a ``tf.function`` tape loop
@@ -42,7 +45,7 @@ TF_METHODS = ("tf-dense", "tf-fp16", "tf-pactrain-0.9-fp16", "tf-pactrain-0.9-te
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
-    kind: str  # dense | fp16 | topk | dgc | randomk | powersgd | pactrain
+    kind: str  # dense | fp16 | topk | dgc | randomk | powersgd | pactrain | diloco | average
     sparsity: float = 0.0
     fp16_values: bool = False
     packed_values: str = "inherit"  # PacTrain: the packed_values= argument
@@ -52,6 +55,7 @@ class MethodSpec:
     ramp: int | None = None  # PacTrain: a short ramp of this many steps from step 0 (``pt.short_ramp``)
     local_steps: int = 0  # PacTrain: steps every rank trains alike on the same batches, uncommunicated, before masks
     rescale_survivors: bool = False  # PacTrain: ``rescale_survivors=True`` (a name ending in ``-rescale``)
+    sync_every: int = 1  # PacTrain, DiLoCo, model averaging: steps between syncs of the ranks' weights
     frontend: str = "horovod"  # horovod | ddp | tf (a tape loop) | keras (model.fit)
 
     @property
@@ -72,14 +76,17 @@ class MethodSpec:
 def parse_method(name: str) -> MethodSpec:
     """``"pactrain-0.9-fp16"`` -> ``MethodSpec(kind="pactrain", sparsity=0.9, fp16_values=True)``."""
     if name == "ddp" or name.startswith("ddp-"):
+        if match := re.fullmatch(r"ddp-average-h(\d+)", name):
+            return MethodSpec(name, "average", sync_every=_interval(name, match.group(1)), frontend="ddp")
         spec = parse_method(name[4:] if name != "ddp" else "dense")
-        if spec.kind in ("topk", "dgc", "randomk") or spec.frontend == "ddp":
-            raise ValueError(f"method {name!r}: DDP runs dense, fp16, powersgd and pactrain methods")
+        if spec.kind in ("topk", "dgc", "randomk", "diloco") or spec.frontend == "ddp" or spec.sync_every > 1:
+            raise ValueError(f"method {name!r}: DDP runs dense, fp16, powersgd, average-hH and per-step pactrain "
+                             "methods")
         return replace(spec, name=name, frontend="ddp")
     frontend, _, rest = name.partition("-")
     if frontend in TF_FRONTENDS and rest:
         spec = parse_method(rest)
-        if spec.kind not in ("dense", "fp16", "pactrain") or spec.frontend != "horovod":
+        if spec.kind not in ("dense", "fp16", "pactrain") or spec.frontend != "horovod" or spec.sync_every > 1:
             raise ValueError(f"method {name!r}: TensorFlow runs dense, fp16 and pactrain methods")
         return replace(spec, name=name, frontend=frontend)
     if name == "dense":
@@ -96,12 +103,14 @@ def parse_method(name: str) -> MethodSpec:
         if not 0 < density < 1:
             raise ValueError(f"method {name!r}: the density must be in (0, 1)")
         return MethodSpec(name, match.group(1), density=density)
+    if match := re.fullmatch(r"diloco-h(\d+)-(fp16|fp32)", name):
+        return MethodSpec(name, "diloco", fp16_values=match.group(2) == "fp16", sync_every=_interval(name, match.group(1)))
     if match := re.fullmatch(r"powersgd(?:-r(\d+))?", name):
         rank = int(match.group(1)) if match.group(1) else POWERSGD_RANK
         if rank < 1:
             raise ValueError(f"method {name!r}: PowerSGD rank must be >= 1")
         return MethodSpec(name, "powersgd", rank=rank)
-    if match := re.fullmatch(r"pactrain-(0?\.\d+)(-fp16|-ternary|-int3)?(?:-w(\d*\.?\d+)-(\d*\.?\d+)|-ramp(\d+))?(?:-local(\d+))?(-rescale)?",
+    if match := re.fullmatch(r"pactrain-(0?\.\d+)(-fp16|-ternary|-int3)?(?:-w(\d*\.?\d+)-(\d*\.?\d+)|-ramp(\d+))?(?:-local(\d+))?(-rescale)?(?:-sync(\d+))?",
                              name):
         window = (float(match.group(3)), float(match.group(4))) if match.group(3) else None
         if window is not None and not 0 <= window[0] <= window[1] <= 1:
@@ -110,11 +119,19 @@ def parse_method(name: str) -> MethodSpec:
         values = (match.group(2) or "-inherit")[1:]  # fp16 values: Compression.fp16, packed values inherit it
         return MethodSpec(name, "pactrain", sparsity=float(match.group(1)), fp16_values=values == "fp16",
                           packed_values="inherit" if values == "fp16" else values, window=window, ramp=ramp,
-                          local_steps=int(match.group(6) or 0), rescale_survivors=bool(match.group(7)))
+                          local_steps=int(match.group(6) or 0), rescale_survivors=bool(match.group(7)),
+                          sync_every=_interval(name, match.group(8)) if match.group(8) else 1)
     raise ValueError(f"unknown method {name!r}: use dense, fp16, topk[-DENSITY], dgc-DENSITY, randomk-DENSITY, "
-                     "powersgd[-rRANK], "
-                     "pactrain-SPARSITY[-fp16|-ternary|-int3][-wBEGIN-END|-rampSTEPS][-localSTEPS][-rescale], each also as ddp-NAME (ddp alone: dense); "
+                     "powersgd[-rRANK], diloco-hH-fp16|fp32, "
+                     "pactrain-SPARSITY[-fp16|-ternary|-int3][-wBEGIN-END|-rampSTEPS][-localSTEPS][-rescale][-syncH], "
+                     "each also as ddp-NAME (ddp alone: dense; ddp-average-hH: PeriodicModelAverager); "
                      "dense, fp16 and pactrain also as tf-NAME (tape loop) and keras-NAME (model.fit)")
+
+
+def _interval(name: str, digits: str) -> int:
+    if int(digits) < 2:
+        raise ValueError(f"method {name!r}: the interval between syncs must be >= 2 steps")
+    return int(digits)
 
 
 def worker_module(spec: MethodSpec) -> str:

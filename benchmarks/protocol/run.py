@@ -74,10 +74,10 @@ def plan(protocol: Protocol, record: dict, stage: str) -> list[Planned]:
             for family in rotated(protocol.runnable(), seed):
                 planned += [Planned(stage, cell.name, family.name, method, seed) for method in family.candidates]
         return planned
-    chosen = selection(protocol, record)
-    if not chosen["complete"]:
-        raise ProtocolError(f"{protocol.path}: the selection stage is not complete in the record; run --stage selection")
-    picks = [(name, row["chosen"]) for name, row in chosen["families"].items()]
+    chosen = selection(protocol, record)  # families whose selection is complete go on; the others wait for theirs
+    picks = [(name, row["chosen"]) for name, row in chosen["families"].items() if row["chosen"]]
+    if not picks:
+        raise ProtocolError(f"{protocol.path}: no family's selection is complete in the record; run --stage selection")
     for cell in protocol.cells.values():
         for seed in protocol.final_seeds:
             planned.append(Planned(stage, loopback_cell(cell.workload), reference.name, reference.candidates[0], seed))

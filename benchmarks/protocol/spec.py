@@ -1,12 +1,16 @@
 """A protocol file (TOML) read and checked: workloads, cells, method families and the rules of its verdicts.
 
 Every setting a verdict depends on lives in the file, and the file's digest goes into every record it
-writes, so a record names the rules its runs were taken under.
+writes, so a record names the rules its runs were taken under. A family preregistered with
+``available = false`` (its candidates fixed before the method could run) is made runnable by flipping that
+line to ``true``: the digest is taken over the file as preregistered, so the records already written stay
+valid, and the family's runs follow the same rules.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,10 +170,18 @@ def load_protocol(path: Path) -> Protocol:
     if set(selection_seeds) & set(final_seeds):
         raise ProtocolError(f"{where}: final_seeds must differ from selection_seeds (a selection seed is spent)")
     return Protocol(
-        name=_require(data, "name", str, where), path=path, digest=hashlib.sha256(raw).hexdigest(),
+        name=_require(data, "name", str, where), path=path, digest=_digest(raw),
         workers=_require(data, "workers", int, where), record=Path(_require(data, "record", str, where)),
         selection_cell=selection_cell, selection_seeds=selection_seeds, final_seeds=final_seeds,
         accuracy_margin=float(_require(data, "accuracy_margin", number, where)),
         perplexity_factor=float(_require(data, "perplexity_factor", number, where)),
         ratio=float(_require(data, "ratio", number, where)), seeds_to_win=_require(data, "seeds_to_win", int, where),
         workloads=workloads, cells=cells, families=families)
+
+
+_MADE_AVAILABLE = re.compile(rb"^available = true$", re.MULTILINE)
+
+
+def _digest(raw: bytes) -> str:
+    """The file's SHA-256, every ``available = true`` read as the ``available = false`` it was preregistered as."""
+    return hashlib.sha256(_MADE_AVAILABLE.sub(b"available = false", raw)).hexdigest()

@@ -150,9 +150,10 @@ def compare(protocol: Protocol, ours: dict[int, float], theirs: dict[int, float]
     return {"outcome": outcome, "ratio": ratio, "sooner_seeds": sooner, "later_seeds": later, "seeds": seeds}
 
 
-def cell_verdict(protocol: Protocol, record: dict, cell: str, chosen: dict[str, str]) -> dict:
+def cell_verdict(protocol: Protocol, record: dict, cell: str, chosen: dict[str, str], unselected: list[str]) -> dict:
     """Per family its chosen method's per-seed times; per PacTrain family and clock, the rule's outcome against
-    the best peer (the peer or reference family with the shortest median time) and against the reference."""
+    the best peer (the peer or reference family with the shortest median time) and against the reference.
+    ``unselected``: runnable families with no chosen method yet (no verdict until they have one)."""
     workload = protocol.cells[cell].workload
     seeds = protocol.final_seeds
     goal = target(protocol, record, workload, seeds)
@@ -166,6 +167,9 @@ def cell_verdict(protocol: Protocol, record: dict, cell: str, chosen: dict[str, 
                                     **{f"median_{clock}_s": median([t[clock] for t in times.values()]) for clock in CLOCKS}}
     families = result["families"]
     missing = [name for name, row in families.items() if len(row["seeds"]) < len(seeds)]
+    if unselected:
+        result["pending"] = f"selection runs missing for {', '.join(unselected)}"
+        return result
     if missing or len(families) < len(chosen):
         result["pending"] = f"final runs missing for {', '.join(missing) or 'some families'}"
         return result
@@ -187,5 +191,6 @@ def verdicts(protocol: Protocol, record: dict) -> dict:
     """Everything the report says, from the record alone."""
     chosen = selection(protocol, record)
     picks = {name: row["chosen"] for name, row in chosen["families"].items() if row["chosen"]}
-    cells = {name: cell_verdict(protocol, record, name, picks) for name in protocol.cells} if chosen["complete"] else {}
+    unselected = [name for name, row in chosen["families"].items() if not row["chosen"]]
+    cells = {name: cell_verdict(protocol, record, name, picks, unselected) for name in protocol.cells} if picks else {}
     return {"protocol": protocol.name, "digest": protocol.digest, "selection": chosen, "cells": cells}

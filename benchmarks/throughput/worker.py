@@ -76,7 +76,10 @@ def make_distributed_optimizer(spec: MethodSpec, optimizer: torch.optim.Optimize
         compression = hvd.Compression.fp16 if spec.fp16_values or spec.quantized_values else hvd.Compression.none
         return pt.DistributedOptimizer(optimizer, named_parameters=named, compression=compression,
                                        sparsity=spec.sparsity, packed_values=spec.packed_values,
-                                       **pruning_schedule(spec, total_steps))
+                                       sync_every=spec.sync_every, **pruning_schedule(spec, total_steps))
+    if spec.kind == "diloco":  # nothing pruned: every coordinate of the outer gradient travels
+        return pt.DistributedOptimizer(optimizer, named_parameters=named, sparsity=0.0, sync_every=spec.sync_every,
+                                       compression=hvd.Compression.fp16 if spec.fp16_values else hvd.Compression.none)
     raise ValueError(f"no distributed optimizer for method kind {spec.kind!r}")
 
 
@@ -88,7 +91,7 @@ def payload_bytes(spec: MethodSpec, distributed, model: torch.nn.Module) -> dict
         element = 2 if spec.fp16_values else 4
         return {"allreduce_bytes": sum(p.numel() * element for p in model.parameters() if p.requires_grad),
                 "allgather_bytes": 0}
-    if spec.kind == "pactrain":
+    if spec.kind in ("pactrain", "diloco"):
         return {"allreduce_bytes": int(distributed.stats()["sent_bytes"]), "allgather_bytes": 0}
     return distributed.payload()
 

@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if spec.frontend == "ddp" and not args.compute_only:  # Horovod still evaluates; DDP trains
         ddp_methods.join(rank, size)
         forward, reporter = ddp_methods.wrap(spec, model, optimizer, args.steps)
+        trainer = ddp_methods.trainer(spec, optimizer)
     elif not args.compute_only:
         local_s = train_alike(workload, optimizer, spec.local_steps) if spec.local_steps else 0.0
         trainer = reporter = make_distributed_optimizer(spec, optimizer, model, clock, total_steps=args.steps,
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     handed, packed = [], []  # per step, PacTrain only
     eval_elapsed_s, eval_s = [], []  # seconds since this process started at the end of each evaluation; its cost
     phases: dict[str, list[float]] = {name: [] for name in ("compute", "compress", "comm_wait", "update")}  # per step
-    synchronizes = trainer is not optimizer  # Horovod's optimizer: synchronize(), then step
+    synchronizes = hasattr(trainer, "synchronize")  # Horovod's optimizer: synchronize(), then step
     clip = ((lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), workload.clip_norm))
             if workload.clip_norm and spec.kind != "dgc" else None)  # DGC clips each worker's gradient instead
 

@@ -10,8 +10,9 @@ with ``--curve`` the steps to the target and the time to it; then the method it 
 reason, and what it assumed. No Horovod, no workers, no GPU: the model is built on torch's meta device.
 
 Methods (--methods, comma-separated): dense, fp16, topk[-DENSITY] (default 0.01), powersgd[-rRANK]
-(default rank 4), pactrain-SPARSITY[-fp16|-bf16|-ternary|-int3] (PacTrain's packed values; fp32 without a
-suffix), e.g. topk-0.001,powersgd-r8,pactrain-0.95-ternary.
+(default rank 4), pactrain-SPARSITY[-fp16|-bf16|-ternary|-int3][-syncH] (PacTrain's packed values; fp32 without a
+suffix; -syncH: local steps, a sync every H steps), diloco-hH-fp16|fp32 (local steps, nothing pruned), e.g.
+topk-0.001,powersgd-r8,pactrain-0.95-ternary,pactrain-0.9-int3-sync25.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ Names follow the repository's benchmark (so that its records' curves match them)
   ``pactrain-0.9-ternary``, ``pactrain-0.9-int3``: PacTrain at sparsity 0.9; the suffix is the value encoding
   (``packed_values``, ``pactrain_hvd.core.encodings``). Tensors the plan keeps dense travel fp32 with fp32
   values and fp16 otherwise (``compression=hvd.Compression.fp16``), as the repository's benchmark runs them.
+- ``pactrain-0.9-int3-sync25``: the same with local steps (``sync_every=25``): one sync of the survivors every
+  25 steps, after the update (nothing overlaps it). ``diloco-h25-fp16`` (or ``-fp32``): DiLoCo, local steps
+  with nothing pruned, every coordinate sent at each sync.
 
 Accuracy per step, and so a measured accuracy curve, does not depend on the number of workers where the
 method reduces a linear function of the summed gradient at a fixed global batch: ``dense``, ``fp16`` (up
@@ -19,7 +22,8 @@ to rounding), PacTrain with fp32/fp16/bf16 values (the mask is shared, so the pa
 the packed gradients), and PowerSGD approximately (its ``P`` and ``Q`` are computed from the summed
 gradient's projections, but the error memory is per worker). Top-k and quantized (ternary, int3) values carry per-worker
 state (each worker's own top-k set and error memory; each worker's rounding noise), so a curve measured
-on ``m`` workers holds for ``m`` workers only: ``Method.curve_portable`` says which.
+on ``m`` workers holds for ``m`` workers only: ``Method.curve_portable`` says which. With local steps each
+worker's steps between syncs follow its own batches, so their curves hold for the measured workers only too.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class Method:
     values: str = "fp32"
     density: float = DEFAULT_TOPK_DENSITY
     rank: int = DEFAULT_POWERSGD_RANK
+    sync_every: int = 1  # local steps: one sync of the weights every this many steps
 
     @property
     def packed_values(self) -> str:
@@ -65,9 +70,15 @@ class Method:
     @property
     def curve_portable(self) -> bool:
         """Whether a curve measured on some number of workers holds on another (module docstring)."""
+        if self.sync_every > 1:
+            return False
         return self.kind in ("dense", "fp16", "powersgd") or (self.kind == "pactrain" and not self.levels)
 
     def describe(self) -> str:
+        if self.sync_every > 1:
+            what = f"PacTrain {self.sparsity:g}, {self.values} values" if self.kind == "pactrain" else (
+                f"DiLoCo, {'fp16' if self.kind == 'fp16' else 'fp32'} values")
+            return f"{what}, a sync every {self.sync_every} steps"
         if self.kind == "dense":
             return "fp32 all-reduce"
         if self.kind == "fp16":
@@ -82,7 +93,7 @@ class Method:
 def parse_method(name: str) -> Method:
     """``"pactrain-0.9-fp16"`` -> ``Method(kind="pactrain", sparsity=0.9, values="fp16")``; a clear error otherwise.
 
-    A benchmark record's pruning-window, local-steps and rescaling suffixes (``-w0-0.3``, ``-ramp50``, ``-local40``,
+    A benchmark record's pruning-window, train-alike and rescaling suffixes (``-w0-0.3``, ``-ramp50``, ``-local40``,
     ``-rescale``) are ignored: they change when the masks arrive and what the survivors start from, not the bytes of
     the steady state the planner predicts.
     """
@@ -90,6 +101,8 @@ def parse_method(name: str) -> Method:
         raise TypeError(f"a method name must be a string, got {type(name).__name__}")
     if name in ("dense", "fp16"):
         return Method(name, name)
+    if match := re.fullmatch(r"diloco-h(\d+)-(fp16|fp32)", name):
+        return Method(name, "fp16" if match.group(2) == "fp16" else "dense", sync_every=_interval(name, match.group(1)))
     if match := re.fullmatch(r"topk(?:-(\d*\.?\d+))?", name):
         density = float(match.group(1)) if match.group(1) else DEFAULT_TOPK_DENSITY
         if not 0 < density <= 1:
@@ -100,13 +113,20 @@ def parse_method(name: str) -> Method:
         if rank < 1:
             raise ValueError(f"method {name!r}: PowerSGD rank must be >= 1")
         return Method(name, "powersgd", rank=rank)
-    pattern = r"pactrain-(\d*\.?\d+)(?:-(fp16|bf16|ternary|int3|fp32))?(?:-w\d*\.?\d+-\d*\.?\d+|-ramp\d+)?(?:-local\d+)?(?:-rescale)?"
+    pattern = r"pactrain-(\d*\.?\d+)(?:-(fp16|bf16|ternary|int3|fp32))?(?:-w\d*\.?\d+-\d*\.?\d+|-ramp\d+)?(?:-local\d+)?(?:-rescale)?(?:-sync(\d+))?"
     if match := re.fullmatch(pattern, name):
         sparsity = float(match.group(1))
         if not 0 <= sparsity < 1:
             raise ValueError(f"method {name!r}: sparsity must be in [0, 1)")
         values = match.group(2) or "fp32"
-        return Method(f"pactrain-{match.group(1)}" + (f"-{values}" if values != "fp32" else ""), "pactrain",
-                      sparsity=sparsity, values=values)
-    raise ValueError(f"unknown method {name!r}: use dense, fp16, topk[-DENSITY], powersgd[-rRANK] or "
-                     f"pactrain-SPARSITY[-{'|-'.join(VALUES[1:])}]")
+        sync = f"-sync{match.group(3)}" if match.group(3) else ""
+        return Method(f"pactrain-{match.group(1)}" + (f"-{values}" if values != "fp32" else "") + sync, "pactrain",
+                      sparsity=sparsity, values=values, sync_every=_interval(name, match.group(3)) if sync else 1)
+    raise ValueError(f"unknown method {name!r}: use dense, fp16, topk[-DENSITY], powersgd[-rRANK], "
+                     f"pactrain-SPARSITY[-{'|-'.join(VALUES[1:])}][-syncH] or diloco-hH-fp16|fp32")
+
+
+def _interval(name: str, digits: str) -> int:
+    if int(digits) < 2:
+        raise ValueError(f"method {name!r}: the interval between syncs must be >= 2 steps")
+    return int(digits)

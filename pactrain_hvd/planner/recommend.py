@@ -57,8 +57,10 @@ def rows(predictions: Sequence[Prediction], curves: Curves | None, target: float
 def model_change(prediction: Prediction) -> tuple:
     """Sort key, least change to what is trained first: dense, fp16, then the compressors that keep the model whole
     (Top-k, PowerSGD: the more bytes a step, the earlier), then PacTrain, which prunes it (lower sparsity first,
-    then fp32, fp16 or bf16, int3, ternary values)."""
+    then fp32, fp16 or bf16, int3, ternary values), then local steps (the longer the interval, the later)."""
     method: Method = prediction.method
+    if method.sync_every > 1:  # local steps change each step's update, not only what travels
+        return (4, method.sparsity, VALUE_ORDER[method.values], method.sync_every)
     if method.kind in ("dense", "fp16"):
         return (0 if method.kind == "dense" else 1,)
     if method.kind in ("topk", "powersgd"):
@@ -110,6 +112,9 @@ def recommend(table: Sequence[Row], curves: Curves | None = None, target: float 
     why = "the shortest predicted step" if len(tied) == 1 else (
         f"of the {len(tied)} methods within {STEP_TIE:.0%} of the shortest step ({', '.join(p.method.name for p in tied)}), "
         "the one that changes the model least")
+    if pick.method.sync_every > 1:
+        caveat += ("; local steps cost accuracy per step (each worker's steps between syncs see its own batches "
+                   "only), so measure their curve before choosing them")
     return pick.method.name, f"{why} ({pick.step_s * 1e3:.0f} ms, {pick.efficiency:.0%} scaling efficiency); {caveat}"
 
 

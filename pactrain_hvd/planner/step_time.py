@@ -96,13 +96,22 @@ def predict(method: Method, tensors: Sequence[Tensor], world_size: int, link: Li
     ``config``: Horovod's cycle and fusion (default: Horovod's own, a 1 ms cycle). ``coordination``: the
     traffic besides the gradients (``planner.coordination``; default none), per cycle and per step.
     ``prunable``: glob patterns of the tensors PacTrain prunes (default: those of >= 2 dimensions).
+    With local steps (``method.sync_every``) the step is the mean over an interval: a sync step's transfers
+    all start after the update, and its communication and compression are spread over the interval. Horovod's
+    coordination between syncs is counted once per sync (it runs every cycle; on the links the planner is
+    for it is small beside a sync).
     """
     config = config or HorovodConfig(cycle_time_s=HOROVOD_DEFAULT_CYCLE_TIME_S)
-    moved = traffic(method, tensors, world_size, ranking=ranking, prunable=prunable)
+    moved = traffic(replace(method, sync_every=1), tensors, world_size, ranking=ranking, prunable=prunable)
+    if method.sync_every > 1:  # the sync starts after the update: nothing of it hides behind backward
+        moved.hooked = [replace(transfer, ready_fraction=1.0) for transfer in moved.hooked]
     plan = step_plan(method, moved, costs, world_size)
     solved = with_coordination(plan, world_size, link, config, coordination or Coordination())
     result = solved.prediction
     compute = costs.compute_s + costs.update_s
-    return Prediction(method=method, handed_bytes=moved.handed_bytes, sent_bytes=moved.sent_bytes(world_size),
-                      step_s=solved.step_s, compute_s=compute, compress_s=result.compress_s,
-                      wait_s=solved.step_s - compute - result.compress_s, coordination_bytes=solved.coordination_bytes)
+    every = method.sync_every  # local steps: the sync step's communication, spread over its interval
+    extra_s = (solved.step_s - compute) / every
+    return Prediction(method=method, handed_bytes=round(moved.handed_bytes / every),
+                      sent_bytes=moved.sent_bytes(world_size) / every, step_s=compute + extra_s, compute_s=compute,
+                      compress_s=result.compress_s / every, wait_s=extra_s - result.compress_s / every,
+                      coordination_bytes=solved.coordination_bytes / every)

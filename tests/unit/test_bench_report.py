@@ -123,6 +123,22 @@ def test_parse_method_options_and_errors():
         parse_method("pactrain")
 
 
+def test_parse_local_step_methods():
+    local = parse_method("pactrain-0.9-int3-w0-0-sync10")
+    assert (local.kind, local.packed_values, local.window, local.sync_every) == ("pactrain", "int3", (0.0, 0.0), 10)
+    assert parse_method("pactrain-0.9-int3-w0-0").sync_every == 1
+    diloco = parse_method("diloco-h25-fp32")
+    assert (diloco.kind, diloco.sync_every, diloco.fp16_values, diloco.sparsity) == ("diloco", 25, False, 0.0)
+    assert parse_method("diloco-h10-fp16").fp16_values
+    average = parse_method("ddp-average-h50")
+    assert (average.kind, average.frontend, average.sync_every) == ("average", "ddp", 50)
+    for name, message in (("ddp-diloco-h10-fp16", "DDP runs"), ("ddp-pactrain-0.9-sync10", "DDP runs"),
+                          ("tf-pactrain-0.9-sync10", "TensorFlow runs"), ("diloco-h1-fp16", "interval"),
+                          ("average-h10", "unknown method")):
+        with pytest.raises(ValueError, match=message):
+            parse_method(name)
+
+
 def test_step_phases_add_up():
     times = StepTimes.from_marks(0.0, 1.0, 1.5, 1.6, compress_in_backward=0.2, compress_in_synchronize=0.1)
     assert (times.compute, times.compress, times.comm_wait, times.update) == pytest.approx((0.8, 0.3, 0.4, 0.1))

@@ -148,7 +148,8 @@ def test_bad_curve_files_name_the_argument(tmp_path, text, message):
 
 
 @pytest.mark.parametrize("name, message", [("topk-2", "density"), ("pactrain-1.5", "sparsity"), ("sgd", "unknown method"),
-                                            ("powersgd-r0", "rank")])
+                                            ("powersgd-r0", "rank"), ("diloco-h1-fp16", "interval"),
+                                            ("pactrain-0.9-sync1", "interval"), ("diloco-h10", "unknown method")])
 def test_bad_method_names(name, message):
     with pytest.raises(ValueError, match=message):
         parse_method(name)
@@ -158,6 +159,24 @@ def test_curve_portability():
     assert parse_method("pactrain-0.9-fp16").curve_portable and parse_method("powersgd").curve_portable
     assert not parse_method("topk").curve_portable and not parse_method("pactrain-0.95-ternary").curve_portable
     assert parse_method("pactrain-0.9").packed_values == "inherit"
+    assert not parse_method("pactrain-0.9-fp16-sync25").curve_portable and not parse_method("diloco-h25-fp32").curve_portable
+
+
+def test_local_steps_spread_one_unhidden_sync_over_the_interval():
+    # b's gradient is ready halfway through backward, but a sync starts after the update: both wait.
+    tensors = [Tensor("a", (1000, 1000)), Tensor("b", (1000, 1000))]
+    costs = Costs(compute_s=0.3, update_s=0.01)
+    per_step = predict(parse_method("dense"), tensors, 2, Link(1e8), costs, FREE)
+    assert per_step.step_s == pytest.approx(0.35)  # b's transfer hidden behind backward (0.2 to 0.24), a's not
+    diloco = predict(parse_method("diloco-h10-fp32"), tensors, 2, Link(1e8), costs, FREE)
+    assert diloco.method.kind == "dense" and diloco.method.sync_every == 10
+    assert diloco.step_s == pytest.approx(0.31 + (0.04 + 0.04) / 10)
+    assert diloco.handed_bytes == per_step.handed_bytes / 10 and diloco.sent_bytes == per_step.sent_bytes / 10
+    local = predict(parse_method("pactrain-0.9-int3-sync25"), TENSORS, 2, Link(1e6), Costs(compute_s=0.1), FREE)
+    every_step = predict(parse_method("pactrain-0.9-int3"), TENSORS, 2, Link(1e6), Costs(compute_s=0.1), FREE)
+    assert local.handed_bytes == round(every_step.handed_bytes / 25)
+    assert 0.1 < local.step_s < 0.1 + (every_step.step_s - 0.1) / 2
+    assert local.method.name == "pactrain-0.9-int3-sync25" and "a sync every 25 steps" in local.method.describe()
 
 
 def test_coordination_shares_the_link_in_proportion_to_the_idle_cycles():

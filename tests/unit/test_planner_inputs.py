@@ -165,8 +165,8 @@ def _bad_inputs(tmp_path: Path) -> list[tuple[list[str], str]]:
          f"--curve {listed}: 'curves' must be a non-empty object of method name -> [[step, metric], ...], got a list"),
         (["--curve", worded], f"--curve {worded}: 'target' must be a number, got '0.9'"),
         (["--curve", unknown],
-         f"--curve {unknown}: curve 'sgd': unknown method 'sgd': use dense, fp16, topk[-DENSITY], powersgd[-rRANK] or "
-         "pactrain-SPARSITY[-fp16|-bf16|-ternary|-int3]"),
+         f"--curve {unknown}: curve 'sgd': unknown method 'sgd': use dense, fp16, topk[-DENSITY], powersgd[-rRANK], "
+         "pactrain-SPARSITY[-fp16|-bf16|-ternary|-int3][-syncH] or diloco-hH-fp16|fp32"),
         (["--json", str(tmp_path / "missing" / "plan.json")],
          f"--json {tmp_path / 'missing' / 'plan.json'}: no such folder {tmp_path / 'missing'}"),
         (["--step-time", "inf"], "--step-time must be a finite number > 0, got inf"),
@@ -342,7 +342,7 @@ def test_per_tensor_follows_the_first_pactrain_method(capsys):
 def test_help_documents_the_method_names_and_token_inputs():
     text = " ".join(parser().format_help().split())
     assert ("dense, fp16, topk[-DENSITY] (default 0.01), powersgd[-rRANK] (default rank 4), "
-            "pactrain-SPARSITY[-fp16|-bf16|-ternary|-int3]") in text
+            "pactrain-SPARSITY[-fp16|-bf16|-ternary|-int3][-syncH]") in text and "diloco-hH-fp16|fp32" in text
     assert ("--token-inputs VOCABULARY --profile: feed random integer token ids in [0, VOCABULARY) of --input-shape "
             "(a language model), instead of normal floats") in text
     assert "--prunable GLOB[,GLOB...]" in text and "--per-tensor" in text

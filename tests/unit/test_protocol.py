@@ -88,7 +88,7 @@ def test_the_evidence_protocol_gives_every_tuned_family_the_same_budget():
     protocol = load_protocol(EVIDENCE)
     tuned = [f for f in protocol.families.values() if f.role != "reference"]
     assert {len(f.candidates) for f in tuned} == {3}
-    assert {f.name for f in tuned if not f.available} == {"diloco", "pactrain-local", "model-averaging"}
+    assert all(f.available for f in tuned) and {"diloco", "pactrain-local", "model-averaging"} <= protocol.families.keys()
     assert set(protocol.selection_seeds).isdisjoint(protocol.final_seeds) and len(protocol.final_seeds) == 3
     assert protocol.cells["image-10mbit-wan"].rtt_ms == 40 and protocol.cells["image-100mbit"].cycle_ms == 1
 
@@ -122,7 +122,10 @@ def test_selection_picks_the_fastest_candidate_and_the_final_stage_waits_for_it(
     assert chosen["families"]["topk"]["chosen"] == "dgc-0.01"
     assert chosen["families"]["pactrain"]["candidates"]["pactrain-0.95-ternary-w0-0"]["train_s"] == 40
     record["runs"] = [r for r in record["runs"] if r["method"] != "dgc-0.001"]
-    with pytest.raises(ProtocolError, match="selection stage is not complete"):
+    assert {p.family for p in plan(small, record, "final")} == {"fp16", "pactrain"}, "topk waits for its selection"
+    assert verdicts(small, record)["cells"]["slow"]["pending"] == "selection runs missing for topk"
+    record["runs"] = [r for r in record["runs"] if r["stage"] == "final"]
+    with pytest.raises(ProtocolError, match="no family's selection is complete"):
         plan(small, record, "final")
 
 
@@ -222,3 +225,14 @@ def test_random_k_draws_the_same_coordinates_on_every_rank_and_new_ones_each_ste
     assert all(torch.equal(a, second.draw("0.weight")) for a in steps)
     assert not torch.equal(steps[0], steps[1])
     assert abs(steps[0].numel() / 120_000 - 0.1) < 0.01
+
+
+def test_making_a_preregistered_family_available_keeps_the_digest_and_any_other_edit_changes_it(tmp_path):
+    text = EVIDENCE.read_text()
+    digests = {}
+    for name, version in (("evidence", text), ("preregistered", text.replace("available = true", "available = false")),
+                          ("edited", text.replace('"diloco-h10-fp16"', '"diloco-h15-fp16"'))):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(version)
+        digests[name] = load_protocol(path).digest
+    assert digests["evidence"] == digests["preregistered"] != digests["edited"]
