@@ -6,6 +6,7 @@ reference, the bytes handed to ``all_reduce``, an exact resume, and one clear er
 """
 
 import copy
+import functools
 import os
 import traceback
 
@@ -329,6 +330,50 @@ def scenario_deterministic_mode_gives_the_same_weights():
     same_on_all_ranks(weights[1])
 
 
+def _forward_backward(model, opt, inputs, labels):
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(inputs), labels)
+    loss.backward()
+    return loss
+
+
+def scenario_a_closure_takes_a_mask_update_before_the_steps_forward():
+    """Under ``optimizer.step(closure)`` (Lightning's loop) the state's pre-step hook runs before the closure: a mask
+    update due at a step is ranked from the same weights as in a plain loop, and takes effect before that step's
+    buckets are sent (a plain loop sends them first). Steps before it are a plain loop's; every rank agrees."""
+    runs = {}
+    for closure in (False, True):
+        torch.manual_seed(0)
+        model = DDP(Net(), bucket_cap_mb=0.02)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        state = pt.ddp.PacTrainHookState(model, opt, sparsity=0.9, ranking="layer", begin_step=2, end_step=2,
+                                         pack_min_numel=0)
+        model.register_comm_hook(state, pt.ddp.pactrain_hook)
+        weights, sent = [], []
+        for index in range(4):
+            forward_backward = functools.partial(_forward_backward, model, opt, *batch(index))
+            if closure:
+                opt.step(forward_backward)
+            else:
+                forward_backward()
+                opt.step()
+            weights.append({name: p.detach().clone() for name, p in model.module.named_parameters()})
+            sent.append(state.stats()["sent_bytes"])
+        runs[closure] = weights, sent, state.masks()
+        same_on_all_ranks(weights[-1])
+        for name, mask in state.masks().items():
+            assert not weights[-1][name][~mask].any(), f"{name}: pruned weights are not 0"
+    (plain, plain_sent, plain_masks), (closed, closed_sent, closed_masks) = runs[False], runs[True]
+    for index in (0, 1):
+        assert all(torch.equal(plain[index][n], closed[index][n]) for n in plain[index]), f"step {index} differs"
+    assert plain_masks.keys() == closed_masks.keys() and all(
+        torch.equal(plain_masks[n], closed_masks[n]) for n in plain_masks), "the masks were ranked from other weights"
+    dense = 4 * sum(t.numel() for t in plain[0].values())
+    assert plain_sent[:3] == closed_sent[:2] + [dense] == [dense] * 3, "a plain loop sends step 2's buckets dense"
+    assert closed_sent[2] == plain_sent[3] == closed_sent[3] < dense, "the closure's step 2 is packed"
+    assert any(not torch.equal(plain[2][n], closed[2][n]) for n in plain[2])
+
+
 def scenario_an_optimizer_without_the_models_parameters_is_refused():
     model = DDP(Net(), bucket_cap_mb=0.02)
     other = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
@@ -383,6 +428,7 @@ SCENARIOS = {
     "rescale_survivors": (scenario_rescale_survivors, ()),
     "resume": (scenario_exact_resume, ()),
     "deterministic": (scenario_deterministic_mode_gives_the_same_weights, ()),
+    "closure": (scenario_a_closure_takes_a_mask_update_before_the_steps_forward, ()),
     "foreign_optimizer": (scenario_an_optimizer_without_the_models_parameters_is_refused, ()),
     "shared_checkpoint": (scenario_a_shared_checkpoint_of_quantized_values_says_the_resume_is_inexact, ()),
 }

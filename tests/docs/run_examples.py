@@ -189,8 +189,7 @@ def check_ddp(block: Block, ns: dict) -> str:
     identical = identical_torch(model, allgather)
     if state is None:
         return identical
-    parameters = dict(model.module.named_parameters()) | dict(model.named_parameters())
-    return f"{identical}, {zeros_torch(parameters, state.masks())}, step {state.step_count}"
+    return f"{identical}, {zeros_torch(state.parameters, state.masks())}, step {state.step_count}"
 
 
 def run(block: Block, check) -> str:

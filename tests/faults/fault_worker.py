@@ -6,7 +6,10 @@ start to that end (interpreter and framework start-up excluded, which a loaded m
 """
 
 import argparse
+import hashlib
 import os
+import signal
+import subprocess
 import sys
 import time
 
@@ -14,7 +17,9 @@ import numpy as np
 
 STEPS = 12
 STARTED: list[float] = []  # when Horovod was up
-CASES = ("frequency", "total_steps", "sparsity_off", "nan", "nan_one_rank", "no_broadcast", "exception", "kill")
+CASES = ("frequency", "total_steps", "sparsity_off", "nan", "nan_one_rank", "no_broadcast", "exception", "kill",
+         "kill_in_mask_update", "stop", "clean")
+STOP_S = 20  # case "stop": how long rank 1 stays stopped (run it under a shorter HOROVOD_GLOO_TIMEOUT_SECONDS)
 
 
 def settings(case: str, rank: int) -> dict:
@@ -39,6 +44,27 @@ def mistake(case: str, rank: int, step: int) -> None:
         raise RuntimeError("a bug in rank 1's training loop")
     if rank == 1 and step == 3 and case == "kill":
         os._exit(9)
+    if rank == 1 and step == 3 and case == "stop":  # a process stopped (SIGSTOP), continued STOP_S later
+        subprocess.Popen(["sh", "-c", f"sleep {STOP_S}; kill -CONT {os.getpid()}"])
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def kill_inside_mask_updates(opt, rank: int) -> None:
+    """Case ``kill_in_mask_update``: rank 1 dies while it ranks the masks of step 4 (a schedule update)."""
+    pruner = opt.pactrain_state._pruner
+    rank_masks = pruner.rank
+
+    def dying(step: int, *args, **kwargs):
+        if rank == 1 and step == 4:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return rank_masks(step, *args, **kwargs)
+
+    pruner.rank = dying
+
+
+def digest(arrays) -> str:
+    """The weights' SHA-256 (16 hex digits): equal across runs that computed the same weights."""
+    return hashlib.sha256(b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)).hexdigest()[:16]
 
 
 def run_torch(case: str, plain: bool) -> str:
@@ -57,6 +83,8 @@ def run_torch(case: str, plain: bool) -> str:
         opt = hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters())
     else:
         opt = pt.DistributedOptimizer(inner, named_parameters=model.named_parameters(), **settings(case, rank))
+        if case == "kill_in_mask_update":
+            kill_inside_mask_updates(opt, rank)
     if case != "no_broadcast":
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     masks_before = {}
@@ -79,7 +107,7 @@ def run_torch(case: str, plain: bool) -> str:
             assert all(mask.any() for mask in after.values()), "an all-zero mask"
             assert opt.pactrain_state.stats()["sparsity"] < 1.0
             raise
-    return f"steps={STEPS}"
+    return f"steps={STEPS} weights={digest(p.detach().numpy() for p in model.parameters())}"
 
 
 def run_keras(case: str) -> str:
