@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.links.links import Loopback, Topology, namespaces_unavailable, parse_link
-from benchmarks.links.probing import probe_links
 from benchmarks.runner.jobs import run_job
+from benchmarks.runner.probing import probe_links
 from benchmarks.runner.processes import Processes
 from benchmarks.runner.signals import cleanup_on_signals
 from pactrain_hvd.core.accounting import ring_allreduce_bytes

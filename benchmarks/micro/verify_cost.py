@@ -71,11 +71,12 @@ def main() -> None:
         if index >= 2:
             step_times.append(time.perf_counter() - start)
     masks = {name: mask.numpy() for name, mask in opt.masks().items()}
-    prunable = {name: opt._parameters[name].numel() for name in opt.pactrain_state._pruner.prunable_names}
+    state = opt.pactrain_state
+    prunable = {name: state.parameters[name].numel() for name in state.prunable_names}
     for _ in range(args.repeats + 1):
         barrier()
         start = time.perf_counter()
-        opt.pactrain_state._pruner.verify(opt.step_count)
+        state.verify()
         verify_times.append(time.perf_counter() - start)
         start = time.perf_counter()
         fingerprint_table(prunable, {name: mask_fingerprint(mask) for name, mask in masks.items()}, opt.step_count)

@@ -5,7 +5,7 @@
     python -m benchmarks.model.step_time_model validate-tta   # the time-to-accuracy runs (TTA_RECORDS, TTA_LOOPBACK)
     python -m benchmarks.model.step_time_model predict     # 8..1024 workers at 1/10/25/100 Gbit/s, GPU-class compute
 
-The model is ``benchmarks.model.step_model`` (alpha-beta ring collectives, Horovod's cycle and
+The model is ``pactrain_hvd.planner.step_model`` (alpha-beta ring collectives, Horovod's cycle and
 fusion, overlap with backward). Each method becomes a ``StepPlan`` here: which tensors its hooks
 hand Horovod and when (the measured gradient-ready fractions), what runs after backward, and
 the CPU costs around them.
@@ -33,7 +33,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common.methods import parse_method
-from benchmarks.model.step_model import (
+from pactrain_hvd.core import num_to_keep, should_pack
+from pactrain_hvd.core.lanes import SCALE_BYTES, quantized_layout
+from pactrain_hvd.core.plan import DEFAULT_MIN_NUMEL
+from pactrain_hvd.planner.step_model import (
     ALLGATHER,
     ALLREDUCE,
     HorovodConfig,
@@ -43,9 +46,6 @@ from benchmarks.model.step_model import (
     Transfer,
     expected_step,
 )
-from pactrain_hvd.core import num_to_keep, should_pack
-from pactrain_hvd.core.lanes import SCALE_BYTES, quantized_layout
-from pactrain_hvd.core.plan import DEFAULT_MIN_NUMEL
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "reports" / "step_model" / "profile.json"

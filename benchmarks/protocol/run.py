@@ -26,10 +26,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from benchmarks.links.links import Loopback, Topology, namespaces_unavailable, parse_link
-from benchmarks.links.probing import probe_links, probe_round_trip
 from benchmarks.protocol import report
 from benchmarks.protocol.spec import Protocol, ProtocolError, load_protocol
 from benchmarks.protocol.verdicts import loopback_cell, runs_of, selection, verdicts
+from benchmarks.runner.probing import probe_links, probe_round_trip
 from benchmarks.runner.processes import Processes
 from benchmarks.runner.signals import cleanup_on_signals
 from benchmarks.tta.tta import concurrent_bound, run_method, save_record

@@ -23,10 +23,10 @@ import torch
 
 from benchmarks.common.methods import parse_method, worker_module
 from benchmarks.links.links import LinkSpec, Topology, remove_stale_namespaces
-from benchmarks.links.probing import probe_links
 from benchmarks.runner.bound import compute_bound
 from benchmarks.runner.config import SKIPPED, BenchConfig, job_count, say
 from benchmarks.runner.jobs import run_job
+from benchmarks.runner.probing import probe_links
 from benchmarks.runner.processes import RANK_VARIABLES, Processes, python_module
 from benchmarks.runner.signals import cleanup_on_signals
 from benchmarks.runner.summary import best_round, summarize_cell

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from benchmarks.common.methods import parse_method
 from benchmarks.links.links import Loopback, Topology, namespaces_unavailable, parse_link
-from benchmarks.links.probing import probe_links
 from benchmarks.runner.jobs import run_job
+from benchmarks.runner.probing import probe_links
 from benchmarks.runner.processes import Processes, python_module, run_concurrently
 from benchmarks.runner.signals import cleanup_on_signals
 from benchmarks.tta.tta_report import adopt_reference, cycle_time_ms, write_report

@@ -30,13 +30,22 @@ def require_initialized(hvd: Any, caller: str) -> None:
         raise RuntimeError(f"Horovod is not initialized: call hvd.init() before creating {caller}")
 
 
+def horovod_op(hvd: Any, op: Any) -> Any:
+    """``op`` as Horovod's all-reduce reads it: None is ``hvd.Average``, Horovod's op where none is given."""
+    return hvd.Average if op is None else op
+
+
 def reduce_op_name(hvd: Any, op: Any, gradient_predivide_factor: float) -> str:
-    """The name of ``op``, one of the frontend module ``hvd``'s reduce ops, checked as packing and Horovod need."""
+    """The name of ``op``, one of the frontend module ``hvd``'s reduce ops (None: Average, as Horovod reads it),
+    checked as packing and Horovod need."""
     names = {getattr(hvd, name): name for name in REDUCE_OPS + _OTHER_REDUCE_OPS}
-    if names.get(op) not in REDUCE_OPS:
-        shown = f"hvd.{names[op]}" if op in names else repr(op)
-        raise ValueError(f"op={shown} is not supported with packing: use hvd.Average, hvd.Sum, hvd.Min or hvd.Max "
-                         "(Adasum is not)")
+    op = horovod_op(hvd, op)
+    if not isinstance(op, numbers.Integral) or op not in names:  # a string, a float: not one of Horovod's op constants
+        raise ValueError(f"op must be one of Horovod's reduce ops, hvd.Average, hvd.Sum, hvd.Min or hvd.Max, "
+                         f"got {op!r} ({type(op).__name__})")
+    if names[op] not in REDUCE_OPS:
+        raise ValueError(f"op=hvd.{names[op]} is not supported with packing: use hvd.Average, hvd.Sum, hvd.Min or "
+                         "hvd.Max (Adasum is not)")
     if (isinstance(gradient_predivide_factor, bool) or not isinstance(gradient_predivide_factor, numbers.Real)
             or not math.isfinite(gradient_predivide_factor) or gradient_predivide_factor <= 0):
         raise ValueError(f"gradient_predivide_factor must be a finite number > 0 (the sum is divided by it before "
@@ -54,6 +63,30 @@ def passes_per_step(backward_passes_per_step: Any) -> int:
     return int(backward_passes_per_step)
 
 
+def check_process_set(hvd: Any, process_set: Any) -> None:
+    """``process_set``: a ProcessSet of the frontend module ``hvd``, as Horovod's collectives take."""
+    if not isinstance(process_set, hvd.ProcessSet):
+        raise TypeError(f"process_set must be a horovod ProcessSet (hvd.global_process_set, or one made by "
+                        f"hvd.add_process_set), got {type(process_set).__name__}")
+
+
+def checked_groups(groups: Any, tensors: str) -> int | list | None:
+    """Horovod's ``groups``: None, a number of groups > 0 (numpy's integers too, as Horovod takes them; returned as
+    an ``int``), or a list of lists of ``tensors`` (what they hold the frontend checks)."""
+    if groups is None:
+        return None
+    if isinstance(groups, list):
+        wrong = [i for i, group in enumerate(groups) if not isinstance(group, (list, tuple))]
+        if wrong:
+            raise ValueError(f"groups given as a list must be a list of lists of {tensors}, got "
+                             f"{type(groups[wrong[0]]).__name__} at groups[{wrong[0]}]")
+        return groups
+    if not isinstance(groups, numbers.Integral) or groups <= 0:
+        shown = repr(groups) if isinstance(groups, (numbers.Number, str)) else type(groups).__name__
+        raise ValueError(f"groups should be a positive integer or a list of lists of {tensors}, got {shown}")
+    return int(groups)
+
+
 def scale_factors(averaging: bool, gradient_predivide_factor: float) -> dict[str, float]:
     """Horovod's ``prescale_factor`` / ``postscale_factor`` for an all-reduce: an average is split
     around the sum as Horovod splits it (the C++ side applies the extra 1/size)."""
@@ -63,9 +96,10 @@ def scale_factors(averaging: bool, gradient_predivide_factor: float) -> dict[str
 
 
 # PacTrain's keyword arguments, declared once for every façade (``pactrain_keywords``): name -> default.
-# None defers to ``PacTrainConfig.from_arguments`` (the run's share of the schedule, the plan's constants).
+# None defers to ``PacTrainConfig.from_arguments`` (0.9 or a schedule object's sparsity, the run's share of the
+# schedule, the plan's constants): a value given is told from the default.
 KEYWORDS: dict[str, Any] = {
-    "sparsity": DEFAULT_SPARSITY, "begin_step": None, "end_step": None, "frequency": None, "total_steps": None,
+    "sparsity": None, "begin_step": None, "end_step": None, "frequency": None, "total_steps": None,
     "schedule": None, "prunable": None, "ranking": DEFAULT_RANKING, "pack_min_numel": None, "pack_max_density": None,
     "verify_every": DEFAULT_VERIFY_EVERY, "packed_values": "inherit", "masks": None, "continue_pruning": False,
     "resume_changed_settings": False, "values": None, "rescale_survivors": False,
@@ -168,18 +202,19 @@ class PacTrainConfig:
     def from_arguments(cls, pack_min_numel: int | None = None, pack_max_density: float | None = None,
                        total_steps: int | None = None, begin_step: int | None = None, end_step: int | None = None,
                        frequency: int | None = None, schedule: Any = None, **settings: Any) -> PacTrainConfig:
-        """The frontends' arguments, where ``None`` means the default: for a plan threshold its
-        constant, for the schedule's steps the run's share (``schedule_steps``). ``schedule``: a schedule
+        """The frontends' arguments, where ``None`` means the default: for ``sparsity`` 0.9 (a schedule
+        object's own), for a plan threshold its constant, for the schedule's steps the run's share (``schedule_steps``). ``schedule``: a schedule
         object (``core.schedule.ConstantSparsity``, ``PolynomialDecay``, ``PolynomialSchedule``) in place of
         ``total_steps``, ``begin_step``, ``end_step`` and ``frequency`` (``schedule_settings``)."""
         plan = {k: v for k, v in (("pack_min_numel", pack_min_numel), ("pack_max_density", pack_max_density))
                 if v is not None}
         total_steps = plain_number(total_steps)
+        sparsity = settings.pop("sparsity", None)
         if schedule is not None:
-            settings.update(schedule_settings(schedule, settings.pop("sparsity", DEFAULT_SPARSITY),
-                                              total_steps=total_steps, begin_step=begin_step, end_step=end_step,
-                                              frequency=frequency))
+            settings.update(schedule_settings(schedule, sparsity, total_steps=total_steps, begin_step=begin_step,
+                                              end_step=end_step, frequency=frequency))
             return cls(**settings, **plan)
+        settings["sparsity"] = DEFAULT_SPARSITY if sparsity is None else sparsity
         begin_step, end_step, frequency = schedule_steps(total_steps, begin_step, end_step, frequency)
         return cls(**settings, **plan, begin_step=begin_step, end_step=end_step, frequency=frequency,
                    total_steps=total_steps)

@@ -16,13 +16,14 @@ from typing import Any
 import numpy as np
 
 
-def schedule_sparsity(sparsity: float, masks_given: bool, continue_pruning: bool) -> float:
-    """The final sparsity the schedule runs to: ``sparsity``, or 0 (off) for fixed given masks."""
+def schedule_sparsity(sparsity: float | None, masks_given: bool, continue_pruning: bool) -> float | None:
+    """The final sparsity the schedule runs to: ``sparsity`` (None: not given, the default), or 0 (off) for fixed
+    given masks."""
     if not isinstance(continue_pruning, bool):
         raise TypeError(f"continue_pruning must be a bool, got {continue_pruning!r}")
     if continue_pruning and not masks_given:
         raise ValueError("continue_pruning=True needs masks=...: without them the schedule runs anyway")
-    if continue_pruning and not sparsity:
+    if continue_pruning and sparsity is not None and not sparsity:
         raise ValueError("continue_pruning=True needs sparsity > 0: the target to prune further toward")
     return sparsity if continue_pruning or not masks_given else 0.0
 

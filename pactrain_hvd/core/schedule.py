@@ -163,11 +163,11 @@ def _fraction(name: str, value: object) -> float:
     return float(value)
 
 
-def schedule_settings(schedule: object, sparsity: float = DEFAULT_SPARSITY, **clock: int | None) -> dict:
+def schedule_settings(schedule: object, sparsity: float | None = None, **clock: int | None) -> dict:
     """The settings a ``schedule=`` argument stands for: ``sparsity``, ``begin_step``, ``end_step``, ``frequency``,
     ``initial_sparsity`` and ``power``. ``clock``: the frontend's ``total_steps``, ``begin_step``, ``end_step`` and
-    ``frequency`` arguments, which must be left unset beside a schedule object; ``sparsity`` must be left at its
-    default or equal the schedule's final sparsity."""
+    ``frequency`` arguments, which must be left unset beside a schedule object; ``sparsity`` must be left unset
+    (None) or equal the schedule's final sparsity."""
     if not isinstance(schedule, SCHEDULES):
         raise TypeError("schedule must be pactrain_hvd.core.ConstantSparsity, PolynomialDecay or PolynomialSchedule, "
                         f"got {type(schedule).__name__}")
@@ -175,7 +175,7 @@ def schedule_settings(schedule: object, sparsity: float = DEFAULT_SPARSITY, **cl
     if given:
         raise ValueError(f"give schedule= or {'=, '.join(given)}=, not both: the schedule object holds its steps")
     polynomial = schedule if isinstance(schedule, PolynomialSchedule) else schedule.polynomial()
-    if sparsity not in (DEFAULT_SPARSITY, polynomial.final_sparsity):
+    if sparsity is not None and sparsity != polynomial.final_sparsity:
         raise ValueError(f"sparsity={sparsity!r} contradicts schedule=, whose final sparsity is "
                          f"{polynomial.final_sparsity!r}: leave sparsity out (with masks=, schedule= needs "
                          "continue_pruning=True)")

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 import time
 from pathlib import Path
@@ -28,69 +27,20 @@ from pathlib import Path
 from pactrain_hvd import __version__
 from pactrain_hvd.planner.coordination import MEASURED, Coordination
 from pactrain_hvd.planner.curves import load_curves
+from pactrain_hvd.planner.inputs import (
+    DEFAULT_LATENCY_MS,
+    compress_times,
+    link_bits_per_s,
+    parameter_count,
+    prunable_patterns,
+    shape_argument,
+)
 from pactrain_hvd.planner.methods import DEFAULT_METHODS, parse_method
 from pactrain_hvd.planner.models import build_model, model_tensors, sparse_gradient_names
 from pactrain_hvd.planner.payload import pactrain_parts, prunable_names
 from pactrain_hvd.planner.recommend import format_table, recommend, rows, size
 from pactrain_hvd.planner.step_model import HorovodConfig, Link
 from pactrain_hvd.planner.step_time import Costs, predict
-
-DEFAULT_LATENCY_MS = 0.01  # one way per hop, a LAN's
-PREFIXES = {"": 1.0, "k": 1e3, "K": 1e3, "m": 1e6, "M": 1e6, "g": 1e9, "G": 1e9, "t": 1e12, "T": 1e12}
-LINK_FORMS = ("bits: 10gbit, 100mbit, 1.5Gbps, 100Mb/s, 100 Mbit/s; bytes (x8): 1GB/s, 10GBps, 100MB/s, 500kB/s, "
-              "2 GByte/s")
-# b / bit(s) are bits and B / byte(s) bytes, each with an optional /s or ps; the prefix's case does not matter
-_RATE = re.compile(r"\s*(\d*\.?\d+)\s*([kKmMgGtT]?)((?i:bits?|bytes?)|b|B)(?:/s|ps)?\s*")
-
-
-def parameter_count(count: int) -> str:
-    return f"{count / 1e6:.2f} M parameters" if count >= 10_000 else f"{count:,} parameters"
-
-
-def link_bits_per_s(text: str) -> float:
-    """``"10gbit"``, ``"1.5Gbps"``, ``"100 Mbit/s"`` (bits) or ``"1GB/s"``, ``"10GBps"`` (bytes, x8) -> bits per
-    second. A lower-case ``b`` is a bit and an upper-case ``B`` a byte; text that says neither is refused."""
-    match = _RATE.fullmatch(str(text))
-    if not match or float(match.group(1)) <= 0:
-        raise ValueError(f"--link {text!r}: give a rate > 0 with its unit, {LINK_FORMS}")
-    unit = match.group(3)
-    per_unit = 8 if unit == "B" or unit.lower().startswith("byte") else 1
-    return float(match.group(1)) * PREFIXES[match.group(2)] * per_unit
-
-
-def _shape(text: str) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(part) for part in text.replace("x", ",").split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of sizes, e.g. 3,224,224") from None
-    if not shape or min(shape) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: sizes must be >= 1, e.g. 3,224,224")
-    return shape
-
-
-def _compress(items: list[str]) -> dict[str, float]:
-    out = {}
-    for item in items:
-        kind, _, seconds = item.partition("=")
-        if kind not in ("fp16", "topk", "powersgd", "pactrain") or not seconds:
-            raise ValueError(f"--compress-time {item!r}: give KIND=SECONDS, KIND one of fp16, topk, powersgd, pactrain")
-        try:
-            value = float(seconds)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"--compress-time {item!r}: SECONDS must be a finite number >= 0, got {seconds!r}")
-        out[kind] = value
-    return out
-
-
-def _patterns(text: str | None) -> list[str] | None:
-    if text is None:
-        return None
-    patterns = [part.strip() for part in text.split(",") if part.strip()]
-    if not patterns:
-        raise ValueError(f"--prunable {text!r}: give glob patterns of parameter names, e.g. 'encoder.*,classifier.*'")
-    return patterns
 
 
 def parser() -> argparse.ArgumentParser:
@@ -111,7 +61,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--update-time", type=float, default=0.0, help="seconds of the optimizer's update (default 0)")
     p.add_argument("--compress-time", action="append", default=[], metavar="KIND=SECONDS",
                    help="compression + decompression seconds per step of fp16, topk, powersgd or pactrain (default 0)")
-    p.add_argument("--input-shape", type=_shape, help="one sample's input shape for --profile, e.g. 3,224,224")
+    p.add_argument("--input-shape", type=shape_argument, help="one sample's input shape for --profile, e.g. 3,224,224")
     p.add_argument("--batch-size", type=int, default=32, help="per-worker batch for --profile (default 32)")
     p.add_argument("--token-inputs", type=int, default=None, metavar="VOCABULARY",
                    help="--profile: feed random integer token ids in [0, VOCABULARY) of --input-shape (a language "
@@ -228,8 +178,8 @@ def run(argv: list[str] | None = None) -> dict:
     if not methods:
         raise ValueError("--methods is empty")
     costs = None if args.profile else Costs(compute_s=args.step_time, update_s=args.update_time,
-                                            compress_s=_compress(args.compress_time))
-    patterns = _patterns(args.prunable)
+                                            compress_s=compress_times(args.compress_time))
+    patterns = prunable_patterns(args.prunable)
     model = build_model(args.model, "cpu" if args.profile else "meta")
     tensors = model_tensors(model)
     pruned = prunable_names(tensors, patterns)

@@ -78,7 +78,7 @@ class Binding:
         if len(self._names) > bound:  # as HorovodEngine.reduce would, before anything reads the slots
             with tf.init_scope():
                 build_optimizer(self.optimizer, variables)
-        before = [] if self._broadcast_request is None else [self._broadcast_request(shared)]
+        before = [] if self.broadcast_request is None else [self.broadcast_request(shared)]
         if self._zero_due is not None:
             with tf.control_dependencies(before):
                 before = [tf.cond(self._zero_due.read_value(), self._zero_pruned_once, lambda: tf.constant(False))]

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from pactrain_hvd.core import should_pack
-from pactrain_hvd.core.cycle import DUE_NOW, RANK, VERIFY
+from pactrain_hvd.core.cycle import DUE_NOW
 from pactrain_hvd.tensorflow.compression import UNMASKED
 from pactrain_hvd.tensorflow.own_masks import sync_tfmot_masks
 from pactrain_hvd.tensorflow.pruning import backing_variable, optimizer_slots
@@ -91,24 +91,26 @@ class Maintenance:
         return tf.logical_or(tf.equal(step, due), tf.equal(due, DUE_NOW))
 
     def _maintain(self, step: int, zero_now: bool = True) -> bool:
-        """Schedule update and/or Mask Tracker check due at ``step``; then when to come back.
-        Returns whether the masks changed."""
-        due = self.cycle.maintenance(step)
-        changed = due == RANK
-        if changed:
-            if self.optimizer is None and not self._pruner.masks:
-                warnings.warn("PacTrainState has no optimizer: its slots (momentum, Adam moments) will not be "
-                              "cleared at pruned coordinates. Pass optimizer=...", stacklevel=3)
-            masks = self._pruner.rank(step)
-            if step == 0 and self.config.rescale_survivors and not self._pruner.masks:  # applied with the zeroing
-                scales = self._pruner.survivor_scales(masks)
-                self._survivor_scales.assign([scales.get(name, 1.0) for name in self._names])
-            self._install(masks, zero_now)
-        elif due == VERIFY:
-            self._pruner.verify(step)
-        self.cycle.maintained(step)
+        """Schedule update and/or Mask Tracker check due at ``step`` (``core.lifecycle.StepLifecycle.maintain``);
+        then when to come back. Returns whether the masks changed."""
+        changed = self.lifecycle.maintain(step, early=not zero_now)
         self._next_due.assign(self.cycle.next_due())
         return changed
+
+    # -- the mask operations ``StepLifecycle.maintain`` asks for -------------------------------------
+    def rank_masks(self, step: int, early: bool) -> None:
+        """``early``: inside a traced step, whose graph ops zero what the masks prune (``_communicate``)."""
+        if self.optimizer is None and not self._pruner.masks:
+            warnings.warn("PacTrainState has no optimizer: its slots (momentum, Adam moments) will not be "
+                          "cleared at pruned coordinates. Pass optimizer=...", stacklevel=5)
+        masks = self._pruner.rank(step)
+        if step == 0 and self.config.rescale_survivors and not self._pruner.masks:  # applied with the zeroing
+            scales = self._pruner.survivor_scales(masks)
+            self._survivor_scales.assign([scales.get(name, 1.0) for name in self._names])
+        self._install(masks, zero_now=not early)
+
+    def verify_masks(self, position: int) -> None:
+        self._pruner.verify(position)
 
     def _maintain_in_graph(self, step: tf.Tensor) -> bool:
         """The ``py_function`` body. TF re-raises a Python error from here as ``tf.errors.UnknownError``

@@ -28,7 +28,6 @@ all-reduces); checkpoints go through ``snapshot`` and ``restore`` (the format: `
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import horovod.tensorflow as hvd
@@ -44,10 +43,11 @@ from pactrain_hvd.core import (
     saved_by_this_rank,
 )
 from pactrain_hvd.core.agreement import horovod_settings
-from pactrain_hvd.core.config import LOCAL_STEP_KEYWORDS, pactrain_keywords, reduce_op_name
+from pactrain_hvd.core.config import LOCAL_STEP_KEYWORDS, horovod_op, pactrain_keywords, reduce_op_name
 from pactrain_hvd.core.cycle import PruningCycle
 from pactrain_hvd.core.encodings import ENCODINGS, packed_values_argument
 from pactrain_hvd.core.lanes import quantized_layout
+from pactrain_hvd.core.lifecycle import StepLifecycle
 from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
 from pactrain_hvd.tensorflow import checkpoint
 from pactrain_hvd.tensorflow.arguments import checked_arguments
@@ -55,19 +55,8 @@ from pactrain_hvd.tensorflow.binding import Binding
 from pactrain_hvd.tensorflow.compression import PACKED_WIRES, PacTrainCompressor
 from pactrain_hvd.tensorflow.engine import HorovodEngine
 from pactrain_hvd.tensorflow.maintenance import Maintenance
-from pactrain_hvd.tensorflow.pruning import (
-    Pruner,
-    backing_variable,
-)
+from pactrain_hvd.tensorflow.pruning import Pruner, backing_variable
 from pactrain_hvd.tensorflow.ternary import TernaryReduction
-
-
-def state_arguments(**kwargs: Any) -> dict[str, Any]:
-    """All of ``PacTrainState``'s arguments (defaults filled in), checked without making one."""
-    bound = inspect.signature(PacTrainState).bind(**kwargs)
-    bound.apply_defaults()
-    checked_arguments(**bound.arguments)
-    return dict(bound.arguments)
 
 
 class PacTrainState(Binding, Maintenance, HorovodEngine, tf.train.experimental.PythonState):
@@ -129,10 +118,11 @@ class PacTrainState(Binding, Maintenance, HorovodEngine, tf.train.experimental.P
     ) -> None:
         # warns at the caller if values= is given (this frame, the keyword wrapper's, then the caller's)
         packed_values = packed_values_argument(pactrain.pop("packed_values"), pactrain.pop("values"), stacklevel=4)
-        prunable = pactrain["prunable"]
-        self.config, self._own_masks = checked_arguments(
+        prunable, op = pactrain["prunable"], horovod_op(hvd, op)  # op None: Average, as Horovod reads it
+        self.config, self._own_masks, groups = checked_arguments(
             compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor, groups=groups,
-            packed_values=packed_values, process_set=process_set, **pactrain)
+            packed_values=packed_values, process_set=process_set, device_dense=device_dense,
+            device_sparse=device_sparse, optimizer=optimizer, **pactrain)
         self._tfmot_masks: dict[str, tf.Variable] = {}
         self.compression = compression
         self.sparse_as_dense = bool(sparse_as_dense)
@@ -164,11 +154,12 @@ class PacTrainState(Binding, Maintenance, HorovodEngine, tf.train.experimental.P
             **self.config.shared_settings(), "packed_values": packed_values,
             **horovod_settings(op_name, compression, groups, 1, gradient_predivide_factor)})
         self._pending_restore: bytes | None = None
-        self._broadcast_request: Any = None  # see functions.broadcast_variables_at_next_reduction
+        self.broadcast_request: Any = None  # a pending broadcast (functions.broadcast_variables_at_next_reduction)
         self._zero_in_graph = False  # binding inside a trace: see ``bind``
         self._zero_due: tf.Variable | None = None  # set when masks were installed at a traced binding
         # Every check proves the position (the Pruner skips what a process alone need not prove); the first step checks.
         self.cycle = PruningCycle(self.config, tracking=True)
+        self.lifecycle = StepLifecycle(self.cycle, self)
         with tf.init_scope():
             # The traced step's mirrors of the cycle: its position (which the graph advances) and next maintenance step.
             self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="pactrain_step")

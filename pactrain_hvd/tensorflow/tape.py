@@ -12,15 +12,25 @@ import numpy as np
 import tensorflow as tf
 from horovod.tensorflow.compression import Compression, Compressor
 
+from pactrain_hvd.core.config import horovod_op
 from pactrain_hvd.core.encodings import packed_values_argument
+from pactrain_hvd.tensorflow.arguments import checked_arguments
 from pactrain_hvd.tensorflow.pruning import backing_variable
-from pactrain_hvd.tensorflow.state import PacTrainState, state_arguments
+from pactrain_hvd.tensorflow.state import PacTrainState
 
 _HOROVOD_DEFAULTS = {"compression": Compression.none, "sparse_as_dense": False, "op": hvd.Average,
                      "gradient_predivide_factor": 1.0, "groups": None, "process_set": hvd.global_process_set,
                      "device_dense": "", "device_sparse": "", "scale_local_gradients": True}
 
 _TAPE_STATES = "_pactrain_tape_states"  # attribute of a variable: the tape states of the sources it leads
+
+
+def state_arguments(**kwargs: Any) -> dict[str, Any]:
+    """All of ``PacTrainState``'s arguments (defaults filled in), checked without making one."""
+    bound = inspect.signature(PacTrainState).bind(**kwargs)
+    bound.apply_defaults()
+    checked_arguments(**bound.arguments)
+    return dict(bound.arguments)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -114,7 +124,7 @@ class DistributedGradientTape:
             warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
                           DeprecationWarning, stacklevel=2)
             groups = groups if groups is not None else num_groups
-        horovod_args = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+        horovod_args = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=horovod_op(hvd, op),
                             gradient_predivide_factor=gradient_predivide_factor, groups=groups,
                             process_set=process_set, device_dense=device_dense, device_sparse=device_sparse,
                             scale_local_gradients=scale_local_gradients)

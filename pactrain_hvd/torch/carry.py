@@ -20,7 +20,7 @@ class BroadcastCarry:
     def export(self) -> dict:
         """The PacTrain state as tensors: a uint8 mask per prunable tensor (all kept where none) and the
         schedule position, and ternary's held scales. Kept so that what ``hvd.broadcast_optimizer_state``
-        writes into them in place reaches this state (``_adopt_exported``)."""
+        writes into them in place reaches this state (``adopt_broadcast``)."""
         names = self._pruner.prunable_names if self.tracking else sorted(self._pruner.masks)
         masks = {name: (self._pruner.masks[name].to(torch.uint8).cpu() if name in self._pruner.masks
                         else torch.ones(self._parameters[name].shape, dtype=torch.uint8)) for name in names}
@@ -30,7 +30,7 @@ class BroadcastCarry:
             self._exported.update(scales=scales, scales_as_exported=scales.clone())
         return self._exported
 
-    def _adopt_exported(self) -> None:
+    def adopt_broadcast(self) -> None:
         """Local: if the exported tensors changed (Horovod broadcast another rank's state into them), take it.
         Weights are not touched: they came with ``hvd.broadcast_parameters``, and autograd may be reading them."""
         exported, self._exported = self._exported, None

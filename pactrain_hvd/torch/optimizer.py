@@ -19,7 +19,7 @@ from horovod.torch.compression import Compression, Compressor
 
 from pactrain_hvd.core import PacTrainConfig
 from pactrain_hvd.core.agreement import horovod_settings
-from pactrain_hvd.core.config import config_arguments, pactrain_keywords, reduce_op_name
+from pactrain_hvd.core.config import config_arguments, horovod_op, pactrain_keywords, reduce_op_name
 from pactrain_hvd.core.encodings import packed_values_argument
 from pactrain_hvd.core.facade import StateReadings
 from pactrain_hvd.torch import checkpoint
@@ -39,7 +39,7 @@ class DistributedOptimizer(HorovodEngine, StateReadings, torch.optim.Optimizer):
 
     Takes every argument of ``hvd.DistributedOptimizer`` with the same defaults, plus:
 
-    - ``sparsity``: final fraction of pruned coordinates in prunable tensors, ``0 <= s < 1``;
+    - ``sparsity``: final fraction of pruned coordinates in prunable tensors, ``0 <= s < 1`` (0.9 if left out);
       ``0`` behaves exactly like ``hvd.DistributedOptimizer``.
     - ``begin_step``, ``end_step``, ``frequency``: the cubic schedule (masks are recomputed
       at the start of those optimizer steps, frozen after ``end_step``).
@@ -121,12 +121,13 @@ class DistributedOptimizer(HorovodEngine, StateReadings, torch.optim.Optimizer):
             warnings.warn("num_groups has been replaced by groups (as in Horovod)", DeprecationWarning, stacklevel=3)
             groups = num_groups if groups is None else groups
         parameters = checked_parameters(optimizer, named_parameters)
+        op = horovod_op(hvd, op)  # None: Average, as Horovod reads it
         # warns at the caller if values= is given (this frame, the keyword wrapper's, then the caller's)
         packed_values = packed_values_argument(pactrain.pop("packed_values"), pactrain.pop("values"), stacklevel=4)
         masks = pactrain["masks"]
-        config = checked_arguments(
+        config, groups = checked_arguments(
             backward_passes_per_step=backward_passes_per_step, compression=compression, op=op,
-            gradient_predivide_factor=gradient_predivide_factor,
+            gradient_predivide_factor=gradient_predivide_factor, process_set=process_set,
             groups=groups, packed_values=packed_values, masks=masks, continue_pruning=pactrain["continue_pruning"],
             **config_arguments(pactrain))
         self._optimizer = optimizer
@@ -193,8 +194,7 @@ class DistributedOptimizer(HorovodEngine, StateReadings, torch.optim.Optimizer):
         self._synchronized = False
         remask = self._pactrain.before_update()
         loss = self._optimizer.step(closure)
-        self._pactrain.after_update(remask)
-        if self._pactrain.cycle.sync_due():
+        if self._pactrain.after_update(remask):
             self._outer_sync()
         return loss
 

@@ -208,3 +208,8 @@ class PruningReadout:
     def masks(self) -> dict[str, torch.Tensor]:
         """``{parameter name: bool mask}`` for every pruned parameter (copies)."""
         return {name: mask.clone() for name, mask in self._pruner.masks.items()}
+
+    @property
+    def prunable_names(self) -> list[str]:
+        """The names of the parameters the schedule may prune, in name order."""
+        return list(self._pruner.prunable_names)

@@ -21,6 +21,7 @@ from pactrain_hvd.core import PacTrainConfig, StepStats, TensorStats, should_pac
 from pactrain_hvd.core.cycle import PruningCycle
 from pactrain_hvd.core.encodings import ENCODINGS
 from pactrain_hvd.core.lanes import quantized_layout
+from pactrain_hvd.core.lifecycle import StepLifecycle
 from pactrain_hvd.torch.carry import BroadcastCarry
 from pactrain_hvd.torch.compression import PACKED_WIRES, PacTrainCompressor
 from pactrain_hvd.torch.outer import OuterSync
@@ -67,9 +68,10 @@ class PacTrainState(PruningReadout, BroadcastCarry):
         # Masks can differ only where some are pruned; then every rank proves them every ``verify_every`` steps.
         self.tracking = bool(prunable_names) and (config.sparsity > 0 or bool(own_masks))
         self.cycle = PruningCycle(config, self.tracking, self.communicating)
-        self._exported: dict | None = None  # the tensors last handed out by export(), see _adopt_exported
+        self.lifecycle = StepLifecycle(self.cycle, self)
+        self._exported: dict | None = None  # the tensors last handed out by export(), see adopt_broadcast
         self._zero_stays_zero = zero_stays_zero(optimizer)
-        self._weights_unmasked = False  # masks changed without zeroing the weights (adopted mid-backward)
+        self.weights_unmasked = False  # masks changed without zeroing the weights (adopted mid-backward)
         self._stats = StepStats()
         encoding = ENCODINGS[packed_values]
         layout = quantized_layout(process_set.size(), encoding.levels) if encoding.quantized else None
@@ -146,7 +148,7 @@ class PacTrainState(PruningReadout, BroadcastCarry):
 
     def install_masks(self, masks: dict[str, np.ndarray], zero_weights: bool = True) -> None:
         self._exported = None
-        self._weights_unmasked |= not zero_weights
+        self.weights_unmasked |= not zero_weights
         self._pruner.install(masks, zero_weights)
         self._after_mask_change()
 
@@ -188,81 +190,71 @@ class PacTrainState(PruningReadout, BroadcastCarry):
             if compressor.lanes is not None:
                 compressor.lanes = layout
 
-    # -- the Mask Tracker ---------------------------------------------------------------------------
+    # -- the step: ``core.lifecycle.StepLifecycle`` decides the order, these are its mask operations ----
     def before_communication(self) -> None:
-        """Before each of the step's communications (from the engine): take broadcast state, rank step 0's
-        masks if the schedule prunes there (so step 0's all-reduce is already packed), and run a due check."""
-        self._adopt_exported()
-        if self.cycle.first_masks_due(bool(self._pruner.masks)):
-            self._prune_before_reduction()
-        self.adopt_and_verify()
-
-    def _prune_before_reduction(self) -> None:
-        """The schedule's update, made before the step's first all-reduce, from the weights every rank holds
-        now (after the user's broadcast). Autograd may still read the weights, so they are zeroed in
-        ``before_update``; the new masks are proven equal across ranks before anything is packed with them."""
-        self._pruner.update(self.cycle.step, verify=self.communicating, zero_weights=False)
-        self._exported = None
-        self._weights_unmasked = True
-        self._after_mask_change()
-        self.cycle.pruned_early()
-
-    def adopt_and_verify(self) -> None:
-        """Before the step's first communication: take state Horovod broadcast into ``export()``'s
-        tensors, then run a Mask Tracker check that every rank has due at this step."""
-        self._adopt_exported()
-        # With nothing pruned the schedule position is no state ranks must share (Horovod's resume idiom
-        # carries none of ours then): only the settings are proven.
-        position = self.cycle.take_verification()
-        if position is not None:
-            self._pruner.verify(position)
+        """Before each of the step's communications (from the engine)."""
+        self.lifecycle.before_communication()
 
     def verify_now(self) -> None:
         """After a collective call every rank makes (broadcasts, elastic sync): the check is due everywhere."""
         self.cycle.request_verification()
-        self.adopt_and_verify()
+        self.lifecycle.verify_if_due()
 
-    # -- a step ----------------------------------------------------------------------------------
     def before_update(self) -> bool:
-        """After the reduction, before the wrapped optimizer's update: the schedule's mask update if due
-        (this step's gradients were reduced under the old masks, so they are masked again). Returns
-        whether the weights need re-masking after the update."""
-        if self._ternary is not None:
-            self._ternary.memory.commit()  # this step is taken (a loss scaler that skips it never calls step)
-        self.adopt_and_verify()
-        cycle = self.cycle
-        if cycle.first_masks_due(bool(self._pruner.masks)):
-            self._prune_before_reduction()  # nothing was communicated (a single process): the same masks
-        if cycle.pruned_early_now and self._weights_unmasked:  # masks ranked before this step's reduction
-            if self.config.rescale_survivors:
-                self._pruner.rescale_survivors()
-            self._pruner.apply_to_weights()  # autograd is done with the weights: zeroed before the update
-            self._pruner.mask_gradients()
-            self._weights_unmasked = False
-        remask = not self._zero_stays_zero or self._weights_unmasked or self.config.verifies_at(cycle.step)
-        if cycle.update_due():
-            self._pruner.update(cycle.step, verify=self.communicating)
-            self._after_mask_change()
-            self._pruner.mask_gradients()
-        elif not self.communicating or cycle.local:
-            self._pruner.mask_gradients()  # nothing packed them: pruned weights still get no update
-        if cycle.local:
-            self._stats = StepStats(step=cycle.step)  # a local step sends nothing
-            if cycle.interval_begins():
-                self.outer.take_anchor()  # the weights every rank holds, masked
+        """After the reduction, before the wrapped optimizer's update; returns whether ``after_update`` re-zeroes."""
+        remask = self.lifecycle.before_update()
+        if self.cycle.local:
+            self._stats = StepStats(step=self.cycle.step)  # a local step sends nothing
         return remask
 
-    def after_update(self, remask: bool) -> None:
-        """After the update: pruned weights back to 0 where it could have moved them; the schedule advances."""
-        if remask:  # (a mask change zeroed the weights itself)
-            self._pruner.apply_to_weights()
-            self._weights_unmasked = False
-        self.cycle.advance()  # a periodic check due now runs before the next step's first all-reduce
+    def after_update(self, remask: bool) -> bool:
+        """After the update; returns whether the outer sync of local steps is due now."""
+        return self.lifecycle.after_update(remask)
+
+    @property
+    def gradients_masked_by_reduction(self) -> bool:
+        return self.communicating and not self.cycle.local
+
+    def holds_masks(self) -> bool:
+        return bool(self._pruner.masks)
+
+    def rank_masks(self, step: int, early: bool) -> None:
+        """Ranked from the weights every rank holds (after the user's broadcast; with local steps, the anchor's)
+        and proven equal across ranks before anything is packed with them."""
+        self._pruner.update(step, verify=self.communicating, zero_weights=not early)
+        self._exported = None
+        self.weights_unmasked |= early
+        self._after_mask_change()
+
+    def verify_masks(self, position: int) -> None:
+        self._pruner.verify(position)
+
+    def finish_early_pruning(self) -> None:
+        if self.config.rescale_survivors:
+            self._pruner.rescale_survivors()
+        self.zero_pruned_weights()
+        self._pruner.mask_gradients()
+
+    def mask_gradients(self) -> None:
+        self._pruner.mask_gradients()
+
+    def needs_remask(self, step: int) -> bool:
+        return not self._zero_stays_zero or self.weights_unmasked or self.config.verifies_at(step)
+
+    def zero_pruned_weights(self) -> None:
+        self._pruner.apply_to_weights()
+        self.weights_unmasked = False
+
+    def commit_codec_memory(self) -> None:
+        if self._ternary is not None:
+            self._ternary.memory.commit()
+
+    def begin_interval(self) -> None:
+        self.outer.take_anchor()
 
     def synced(self) -> None:
         """The outer sync is done: its quantization residuals are kept."""
-        if self._ternary is not None:
-            self._ternary.memory.commit()
+        self.commit_codec_memory()
 
     def discard_step(self) -> None:
         """The step in flight is abandoned (a state dict is loaded): its ternary residuals are not kept."""

@@ -55,14 +55,16 @@ def test_a_polynomial_schedule_is_accepted_as_it_is():
     ({"schedule": ConstantSparsity(0.9), "total_steps": 100, "frequency": 5},
      "give schedule= or frequency=, total_steps=, not both"),
     ({"schedule": ConstantSparsity(0.95), "sparsity": 0.8}, "sparsity=0.8 contradicts schedule="),
+    ({"schedule": ConstantSparsity(0.95), "sparsity": 0.9}, "sparsity=0.9 contradicts schedule="),  # the default's value
 ])
 def test_schedule_arguments_are_refused_by_name(arguments, message):
     with pytest.raises((TypeError, ValueError), match=message):
         PacTrainConfig.from_arguments(**arguments)
 
 
-def test_the_sparsity_argument_may_repeat_the_schedules():
+def test_the_sparsity_argument_may_repeat_the_schedules_and_left_out_is_0_9():
     assert PacTrainConfig.from_arguments(schedule=ConstantSparsity(0.95), sparsity=0.95).sparsity == 0.95
+    assert PacTrainConfig.from_arguments(sparsity=None).sparsity == PacTrainConfig.from_arguments().sparsity == 0.9
 
 
 @pytest.mark.parametrize("make, message", [

@@ -1,9 +1,9 @@
-"""benchmarks.model.step_model: alpha-beta collectives, Horovod's cycle and fusion, overlap."""
+"""pactrain_hvd.planner.step_model: alpha-beta collectives, Horovod's cycle and fusion, overlap."""
 
 import pytest
 
 from benchmarks.model import step_time_model as script
-from benchmarks.model.step_model import (
+from pactrain_hvd.planner.step_model import (
     ALLGATHER,
     ALLREDUCE,
     BackgroundLoop,

@@ -20,6 +20,7 @@ from pactrain_hvd.core.config import LOCAL_STEP_KEYWORDS, config_arguments, pact
 from pactrain_hvd.core.cycle import PruningCycle
 from pactrain_hvd.core.encodings import ENCODINGS, packed_values_argument
 from pactrain_hvd.core.lanes import LaneLayout, quantized_layout
+from pactrain_hvd.core.lifecycle import StepLifecycle
 from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings, saved_by_this_rank
 from pactrain_hvd.torch.checkpoint import saved_step_and_masks
 from pactrain_hvd.torch.ddp.buckets import BucketPlan, BucketPlans
@@ -94,6 +95,9 @@ class PacTrainHookState(PruningReadout):
         module = model.module if isinstance(model, DistributedDataParallel) else model
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module (or its DistributedDataParallel), got {type(model).__name__}")
+        if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+            raise TypeError(f"process_group must be a torch.distributed.ProcessGroup (the one the DDP reduces over) or "
+                            f"None for the default group, got {process_group!r} ({type(process_group).__name__})")
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized: call dist.init_process_group() first")
         optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
@@ -117,6 +121,9 @@ class PacTrainHookState(PruningReadout):
                               self.config.ranking, exchange=dist_exchange(process_group),
                               settings={**self.config.shared_settings(), "packed_values": packed_values})
         self.cycle = PruningCycle(self.config, bool(self._pruner.prunable_names) and self.config.sparsity > 0)
+        self.lifecycle = StepLifecycle(self.cycle, self)
+        self.weights_unmasked = False  # masks ranked before the first bucket, weights not yet zeroed
+        self._remask = False
         self._sent: set[int] = set()  # indices of the buckets sent in this backward pass
         names = {id(p): name for name, p in self.parameters.items()}
         self._plans = BucketPlans(names, self.config, self.memory if self.lanes is not None else None)
@@ -171,38 +178,55 @@ class PacTrainHookState(PruningReadout):
         self._plans.start_from(self._pruner.masks, self.parameters)
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._verify_if_due()  # a step with no gradient sent (nothing to reduce) still checks when due
-        if self.cycle.pruned_early_now:  # masks ranked before this step's first bucket: weights zeroed now
-            if self.config.rescale_survivors:
-                self._pruner.rescale_survivors()
-            self._pruner.apply_to_weights()
-            self._pruner.mask_gradients()
-        elif self.cycle.update_due():
-            self._pruner.update(self.cycle.step)
-            self._pruner.clear_optimizer_state(optimizer.state)
-            self._plans.clear()
-            self._pruner.mask_gradients()  # this step's gradients were reduced under the old mask
+        # (a step with no gradient sent, nothing to reduce, still checks when due)
+        self._remask = self.lifecycle.before_update()
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self.memory.commit()  # the step was taken (a loss scaler that skips it never calls step)
-        if not self._zero_stays_zero:
-            self._pruner.apply_to_weights()
         self._stats.step = self.cycle.step
-        self.cycle.advance()
+        self.lifecycle.after_update(self._remask)
         self._sent.clear()
 
-    def _prune_before_reduction(self) -> None:
-        """A schedule that prunes at step 0 ranks its masks before the first bucket is sent, from the weights
-        DDP broadcast at its construction; autograd may still read them, so they are zeroed before the update."""
-        self._pruner.update(self.cycle.step, zero_weights=False)
+    # -- the mask operations ``core.lifecycle.StepLifecycle`` asks for -----------------------------
+    gradients_masked_by_reduction = True  # the hook zeroes pruned coordinates of every bucket it sends
+
+    def holds_masks(self) -> bool:
+        return bool(self._pruner.masks)
+
+    def adopt_broadcast(self) -> None:
+        """Nothing to adopt: DDP broadcasts no PacTrain state."""
+
+    def rank_masks(self, step: int, early: bool) -> None:
+        """``early``: a schedule that prunes at step 0 ranks before the first bucket is sent, from the weights DDP
+        broadcast at its construction; autograd may still read them, so they are zeroed before the update."""
+        self._pruner.update(step, zero_weights=not early)
         self._pruner.clear_optimizer_state(self.optimizer.state)
         self._plans.clear()
-        self.cycle.pruned_early()
+        self.weights_unmasked |= early
 
-    def _verify_if_due(self) -> None:
-        position = self.cycle.take_verification()  # with nothing pruned only the settings must agree
-        if position is not None:
-            self._pruner.verify(position)
+    def verify_masks(self, position: int) -> None:
+        self._pruner.verify(position)
+
+    def finish_early_pruning(self) -> None:
+        if self.config.rescale_survivors:
+            self._pruner.rescale_survivors()
+        self.zero_pruned_weights()
+        self._pruner.mask_gradients()
+
+    def mask_gradients(self) -> None:
+        self._pruner.mask_gradients()
+
+    def needs_remask(self, step: int) -> bool:
+        return not self._zero_stays_zero
+
+    def zero_pruned_weights(self) -> None:
+        self._pruner.apply_to_weights()
+        self.weights_unmasked = False
+
+    def commit_codec_memory(self) -> None:
+        self.memory.commit()
+
+    def begin_interval(self) -> None:
+        raise AssertionError("the DDP hook takes no local steps")
 
     # -- what the hook asks, bucket by bucket (hook.py) -------------------------------------------
     def begin_bucket(self, index: int) -> None:
@@ -211,9 +235,7 @@ class PacTrainHookState(PruningReadout):
         if not self._sent or index in self._sent:
             self._sent.clear()
             self._stats.tensors.clear()
-            if self.cycle.first_masks_due(bool(self._pruner.masks)):
-                self._prune_before_reduction()
-            self._verify_if_due()
+            self.lifecycle.before_communication()
         self._sent.add(index)
 
     def plan(self, bucket: dist.GradBucket) -> BucketPlan:
