@@ -10,7 +10,7 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
-from pactrain_hvd.core import PolynomialSchedule, mask_fingerprint, select_prunable_names
+from pactrain_hvd.core import PacTrainConfig, PolynomialSchedule, mask_fingerprint, select_prunable_names
 from pactrain_hvd.core.cycle import PruningCycle
 from pactrain_hvd.core.pruner import HostPruner
 
@@ -213,3 +213,32 @@ class PruningReadout:
     def prunable_names(self) -> list[str]:
         """The names of the parameters the schedule may prune, in name order."""
         return list(self._pruner.prunable_names)
+
+
+class SharedMaskOperations:
+    """The ``core.lifecycle.MaskOperations`` both torch states carry out alike, on their ``Pruner`` (``_pruner``);
+    each state adds ``rank_masks``, ``needs_remask``, ``commit_codec_memory``, ``adopt_broadcast`` and
+    ``begin_interval``, which differ."""
+
+    config: PacTrainConfig
+    weights_unmasked: bool
+    _pruner: Pruner
+
+    def holds_masks(self) -> bool:
+        return bool(self._pruner.masks)
+
+    def verify_masks(self, position: int) -> None:
+        self._pruner.verify(position)
+
+    def finish_early_pruning(self) -> None:
+        if self.config.rescale_survivors:
+            self._pruner.rescale_survivors()
+        self.zero_pruned_weights()
+        self._pruner.mask_gradients()
+
+    def mask_gradients(self) -> None:
+        self._pruner.mask_gradients()
+
+    def zero_pruned_weights(self) -> None:
+        self._pruner.apply_to_weights()
+        self.weights_unmasked = False

@@ -26,11 +26,19 @@ from pactrain_hvd.torch.carry import BroadcastCarry
 from pactrain_hvd.torch.compression import PACKED_WIRES, PacTrainCompressor
 from pactrain_hvd.torch.outer import OuterSync
 from pactrain_hvd.torch.own_masks import resolve_masks, sync_prune_buffers, warn_if_torch_pruned
-from pactrain_hvd.torch.pruning import Prunable, Pruner, PruningReadout, host_masks, select_prunable, zero_stays_zero
+from pactrain_hvd.torch.pruning import (
+    Prunable,
+    Pruner,
+    PruningReadout,
+    SharedMaskOperations,
+    host_masks,
+    select_prunable,
+    zero_stays_zero,
+)
 from pactrain_hvd.torch.ternary import TernaryReduction
 
 
-class PacTrainState(PruningReadout, BroadcastCarry):
+class PacTrainState(PruningReadout, SharedMaskOperations, BroadcastCarry):
     """Schedule position, masks, packing plan, ternary memory and wire accounting of one optimizer.
 
     ``pt.DistributedOptimizer`` makes one from its arguments (``config``: the checked PacTrain
@@ -215,9 +223,6 @@ class PacTrainState(PruningReadout, BroadcastCarry):
     def gradients_masked_by_reduction(self) -> bool:
         return self.communicating and not self.cycle.local
 
-    def holds_masks(self) -> bool:
-        return bool(self._pruner.masks)
-
     def rank_masks(self, step: int, early: bool) -> None:
         """Ranked from the weights every rank holds (after the user's broadcast; with local steps, the anchor's)
         and proven equal across ranks before anything is packed with them."""
@@ -226,24 +231,8 @@ class PacTrainState(PruningReadout, BroadcastCarry):
         self.weights_unmasked |= early
         self._after_mask_change()
 
-    def verify_masks(self, position: int) -> None:
-        self._pruner.verify(position)
-
-    def finish_early_pruning(self) -> None:
-        if self.config.rescale_survivors:
-            self._pruner.rescale_survivors()
-        self.zero_pruned_weights()
-        self._pruner.mask_gradients()
-
-    def mask_gradients(self) -> None:
-        self._pruner.mask_gradients()
-
     def needs_remask(self, step: int) -> bool:
         return not self._zero_stays_zero or self.weights_unmasked or self.config.verifies_at(step)
-
-    def zero_pruned_weights(self) -> None:
-        self._pruner.apply_to_weights()
-        self.weights_unmasked = False
 
     def commit_codec_memory(self) -> None:
         if self._ternary is not None:

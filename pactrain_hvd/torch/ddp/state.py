@@ -28,6 +28,7 @@ from pactrain_hvd.torch.memory import ErrorFeedback
 from pactrain_hvd.torch.pruning import (
     Pruner,
     PruningReadout,
+    SharedMaskOperations,
     TableExchange,
     host_masks,
     select_prunable,
@@ -69,7 +70,7 @@ def stepped_optimizer(optimizer: Any) -> Any:
     return optimizer
 
 
-class PacTrainHookState(PruningReadout):
+class PacTrainHookState(PruningReadout, SharedMaskOperations):
     """What ``pactrain_hook`` keeps between steps: schedule position, masks, bucket plans, wire accounting.
 
     Takes the PacTrain arguments of ``pt.DistributedOptimizer`` (``sparsity``, ``begin_step``,
@@ -189,9 +190,6 @@ class PacTrainHookState(PruningReadout):
     # -- the mask operations ``core.lifecycle.StepLifecycle`` asks for -----------------------------
     gradients_masked_by_reduction = True  # the hook zeroes pruned coordinates of every bucket it sends
 
-    def holds_masks(self) -> bool:
-        return bool(self._pruner.masks)
-
     def adopt_broadcast(self) -> None:
         """Nothing to adopt: DDP broadcasts no PacTrain state."""
 
@@ -203,24 +201,8 @@ class PacTrainHookState(PruningReadout):
         self._plans.clear()
         self.weights_unmasked |= early
 
-    def verify_masks(self, position: int) -> None:
-        self._pruner.verify(position)
-
-    def finish_early_pruning(self) -> None:
-        if self.config.rescale_survivors:
-            self._pruner.rescale_survivors()
-        self.zero_pruned_weights()
-        self._pruner.mask_gradients()
-
-    def mask_gradients(self) -> None:
-        self._pruner.mask_gradients()
-
     def needs_remask(self, step: int) -> bool:
         return not self._zero_stays_zero
-
-    def zero_pruned_weights(self) -> None:
-        self._pruner.apply_to_weights()
-        self.weights_unmasked = False
 
     def commit_codec_memory(self) -> None:
         self.memory.commit()
