@@ -168,7 +168,7 @@ def test_lost_and_delayed_packets_change_no_weight(lossy_namespace):
 @pytest.mark.parametrize("mode", ["plain", "inherit", "int3"])
 def test_a_killed_ddp_peer_is_an_error_on_the_surviving_rank_as_with_plain_ddp(mode):
     """Under the DDP hook, as under DDP's own all-reduce, the surviving rank raises Gloo's peer-loss error and exits
-    non-zero. Gloo's own threads sometimes abort that exit (SIGABRT, ``gloo::IoException``) after the error was
+    non-zero. Gloo's own threads sometimes abort that exit (SIGABRT: ``terminate called ...``) after the error was
     raised, with either hook: a Gloo defect at teardown, so an abort is accepted where the error came first."""
     from benchmarks.runner.jobs import free_port
 
@@ -186,5 +186,5 @@ def test_a_killed_ddp_peer_is_an_error_on_the_surviving_rank_as_with_plain_ddp(m
         lost = re.search(r"PEER-LOST RuntimeError: .*(Connection reset by peer|Connection closed by peer)", done.stdout)
         assert lost, done.stdout[-2000:] + done.stderr[-2000:]
         assert done.returncode in (1, -signal.SIGABRT), f"exit {done.returncode}: {done.stderr[-2000:]}"
-        if done.returncode != 1:
-            assert "gloo::IoException" in done.stderr, done.stderr[-2000:]
+        if done.returncode != 1:  # Gloo's teardown: "terminate called after throwing ... gloo::IoException" or
+            assert "terminate called" in done.stderr, done.stderr[-2000:]  # "... without an active exception"
