@@ -183,7 +183,7 @@ def test_a_killed_ddp_peer_is_an_error_on_the_surviving_rank_as_with_plain_ddp(m
         finally:
             peer.kill()
             peer.wait()
-        lost = re.search(r"PEER-LOST RuntimeError: .*(Connection reset by peer|Connection closed by peer)", done.stdout)
+        lost = re.search(r"PEER-LOST RuntimeError: .*gloo", done.stdout)  # reset, closed, broken pipe or timed out
         assert lost, done.stdout[-2000:] + done.stderr[-2000:]
         assert done.returncode in (1, -signal.SIGABRT), f"exit {done.returncode}: {done.stderr[-2000:]}"
         if done.returncode != 1:  # Gloo's teardown: "terminate called after throwing ... gloo::IoException" or
