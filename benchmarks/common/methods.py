@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 from pactrain_hvd.core.encodings import ENCODINGS
 from pactrain_hvd.core.schedule import short_ramp
+from pactrain_hvd.planner.methods import sync_interval
 
 DEFAULT_METHODS = ("dense", "fp16", "topk", "powersgd", "pactrain-0.8", "pactrain-0.8-fp16", "pactrain-0.9",
                    "pactrain-0.9-fp16", "pactrain-0.95", "pactrain-0.95-fp16",
@@ -77,7 +78,7 @@ def parse_method(name: str) -> MethodSpec:
     """``"pactrain-0.9-fp16"`` -> ``MethodSpec(kind="pactrain", sparsity=0.9, fp16_values=True)``."""
     if name == "ddp" or name.startswith("ddp-"):
         if match := re.fullmatch(r"ddp-average-h(\d+)", name):
-            return MethodSpec(name, "average", sync_every=_interval(name, match.group(1)), frontend="ddp")
+            return MethodSpec(name, "average", sync_every=sync_interval(name, match.group(1)), frontend="ddp")
         spec = parse_method(name[4:] if name != "ddp" else "dense")
         if spec.kind in ("topk", "dgc", "randomk", "diloco") or spec.frontend == "ddp" or spec.sync_every > 1:
             raise ValueError(f"method {name!r}: DDP runs dense, fp16, powersgd, average-hH and per-step pactrain "
@@ -104,7 +105,7 @@ def parse_method(name: str) -> MethodSpec:
             raise ValueError(f"method {name!r}: the density must be in (0, 1)")
         return MethodSpec(name, match.group(1), density=density)
     if match := re.fullmatch(r"diloco-h(\d+)-(fp16|fp32)", name):
-        return MethodSpec(name, "diloco", fp16_values=match.group(2) == "fp16", sync_every=_interval(name, match.group(1)))
+        return MethodSpec(name, "diloco", fp16_values=match.group(2) == "fp16", sync_every=sync_interval(name, match.group(1)))
     if match := re.fullmatch(r"powersgd(?:-r(\d+))?", name):
         rank = int(match.group(1)) if match.group(1) else POWERSGD_RANK
         if rank < 1:
@@ -120,18 +121,12 @@ def parse_method(name: str) -> MethodSpec:
         return MethodSpec(name, "pactrain", sparsity=float(match.group(1)), fp16_values=values == "fp16",
                           packed_values="inherit" if values == "fp16" else values, window=window, ramp=ramp,
                           local_steps=int(match.group(6) or 0), rescale_survivors=bool(match.group(7)),
-                          sync_every=_interval(name, match.group(8)) if match.group(8) else 1)
+                          sync_every=sync_interval(name, match.group(8)) if match.group(8) else 1)
     raise ValueError(f"unknown method {name!r}: use dense, fp16, topk[-DENSITY], dgc-DENSITY, randomk-DENSITY, "
                      "powersgd[-rRANK], diloco-hH-fp16|fp32, "
                      "pactrain-SPARSITY[-fp16|-ternary|-int3][-wBEGIN-END|-rampSTEPS][-localSTEPS][-rescale][-syncH], "
                      "each also as ddp-NAME (ddp alone: dense; ddp-average-hH: PeriodicModelAverager); "
                      "dense, fp16 and pactrain also as tf-NAME (tape loop) and keras-NAME (model.fit)")
-
-
-def _interval(name: str, digits: str) -> int:
-    if int(digits) < 2:
-        raise ValueError(f"method {name!r}: the interval between syncs must be >= 2 steps")
-    return int(digits)
 
 
 def worker_module(spec: MethodSpec) -> str:

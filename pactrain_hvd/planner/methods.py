@@ -102,7 +102,7 @@ def parse_method(name: str) -> Method:
     if name in ("dense", "fp16"):
         return Method(name, name)
     if match := re.fullmatch(r"diloco-h(\d+)-(fp16|fp32)", name):
-        return Method(name, "fp16" if match.group(2) == "fp16" else "dense", sync_every=_interval(name, match.group(1)))
+        return Method(name, "fp16" if match.group(2) == "fp16" else "dense", sync_every=sync_interval(name, match.group(1)))
     if match := re.fullmatch(r"topk(?:-(\d*\.?\d+))?", name):
         density = float(match.group(1)) if match.group(1) else DEFAULT_TOPK_DENSITY
         if not 0 < density <= 1:
@@ -121,12 +121,13 @@ def parse_method(name: str) -> Method:
         values = match.group(2) or "fp32"
         sync = f"-sync{match.group(3)}" if match.group(3) else ""
         return Method(f"pactrain-{match.group(1)}" + (f"-{values}" if values != "fp32" else "") + sync, "pactrain",
-                      sparsity=sparsity, values=values, sync_every=_interval(name, match.group(3)) if sync else 1)
+                      sparsity=sparsity, values=values, sync_every=sync_interval(name, match.group(3)) if sync else 1)
     raise ValueError(f"unknown method {name!r}: use dense, fp16, topk[-DENSITY], powersgd[-rRANK], "
                      f"pactrain-SPARSITY[-{'|-'.join(VALUES[1:])}][-syncH] or diloco-hH-fp16|fp32")
 
 
-def _interval(name: str, digits: str) -> int:
+def sync_interval(name: str, digits: str) -> int:
+    """The interval of a method name's local steps (``-sync25``, ``-h25``): at least 2 (1 is every step)."""
     if int(digits) < 2:
         raise ValueError(f"method {name!r}: the interval between syncs must be >= 2 steps")
     return int(digits)

@@ -34,6 +34,11 @@ def make_model(seed: int = 0) -> SmallCNN:
     return SmallCNN()
 
 
+def named(model, prefix: str) -> list:
+    """``model``'s named parameters with ``prefix`` before each name: the Horovod names of one test's tensors."""
+    return [(f"{prefix}.{name}", p) for name, p in model.named_parameters()]
+
+
 def batch(step: int, size: int = 8):
     """Different data on every rank and step."""
     generator = torch.Generator().manual_seed(1000 * hvd.rank() + step)

@@ -6,16 +6,12 @@ import io
 import horovod.torch as hvd
 import pytest
 import torch
-from conftest import assert_same_on_all_ranks, loss_of, make_model
+from conftest import assert_same_on_all_ranks, loss_of, make_model, named
 
 import pactrain_hvd.torch as pt
 from pactrain_hvd.core import SettingsMismatchError
 
 H, LR, BETA = 3, 0.7, 0.9
-
-
-def named(model, prefix):
-    return [(f"{prefix}.{name}", p) for name, p in model.named_parameters()]
 
 
 def optimizer(model, prefix, **keywords):

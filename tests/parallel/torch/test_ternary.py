@@ -9,14 +9,10 @@ import copy
 import horovod.torch as hvd
 import pytest
 import torch
-from conftest import amp_step, assert_same_on_all_ranks, loss_of, make_model
+from conftest import amp_step, assert_same_on_all_ranks, loss_of, make_model, named
 
 import pactrain_hvd.torch as pt
 from pactrain_hvd.core.lanes import STEP_OVER_MEAN, quantized_layout
-
-
-def named(model, prefix):
-    return [(f"{prefix}.{name}", p) for name, p in model.named_parameters()]
 
 
 def sgd(model, lr=0.05):
