@@ -67,6 +67,18 @@ def test_dockerfile_installs_through_the_install_script(flavor):
 
 
 @pytest.mark.parametrize("flavor", sorted(DOCKERFILES))
+def test_the_placeholder_package_gives_setup_py_its_version(flavor, tmp_path):
+    """The framework layer installs before the package is copied: setup.py must still read a version there."""
+    step = re.search(r"mkdir pactrain_hvd && (.+?) &&", DOCKERFILES[flavor].read_text())
+    assert step, f"{flavor}: no placeholder package step"
+    placeholder = step.group(1)  # e.g. echo '__version__ = "0"' > pactrain_hvd/__init__.py
+    (tmp_path / "pactrain_hvd").mkdir()
+    subprocess.run(["sh", "-c", placeholder], cwd=tmp_path, check=True)
+    version_line = re.search(r"version=(re\.search\(.*?\)\.group\(1\))", (REPO / "setup.py").read_text()).group(1)
+    assert eval(version_line, {"re": re, "open": lambda path, **kw: open(tmp_path / path, **kw)})  # noqa: S307
+
+
+@pytest.mark.parametrize("flavor", sorted(DOCKERFILES))
 def test_dockerfile_versions_match_the_install_script(flavor):
     script = _install_script_defaults()
     for name, default in _arg_defaults(DOCKERFILES[flavor]).items():
