@@ -182,8 +182,8 @@ def compute_seconds(model: tf.keras.Model, x: tf.Tensor, y: tf.Tensor, count: in
 def pack_unpack_seconds(state: pt.PacTrainState, model: tf.keras.Model, count: int) -> float | None:
     """Median seconds to pack and unpack every pruned gradient with the state's masks and plans, no reduction:
     the packing a PacTrain step adds (ternary's encoding is not this path)."""
-    compressors = getattr(state, "_compressors", {})
-    variables = dict(zip(state._names, model.trainable_variables)) if getattr(state, "_names", None) else {}
+    compressors = state.bound.compressors
+    variables = dict(zip(state.bound.names, model.trainable_variables))
     pairs = [(compressors[name], variables[name]) for name in compressors if name in variables]
     if not pairs:
         return None

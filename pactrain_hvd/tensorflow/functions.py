@@ -134,9 +134,9 @@ def broadcast_variables_at_next_reduction(state: Any, root_rank: int = 0,
     if not communicates(found.process_set):
         return
     local = {backing_variable(variable).ref() for variable in local_variables}
-    request = found.broadcast_request
+    request = found.engine.broadcast_request
     if request is None:
-        found.broadcast_request = _BroadcastAtNextReduction(found, root_rank, variables, device, local)
+        found.engine.broadcast_request = _BroadcastAtNextReduction(found, root_rank, variables, device, local)
     else:  # a step already traced holds this request's flag: raise it again
         request.root_rank, request.variables, request.device, request.local = root_rank, variables, device, local
         request.pending.assign(True)

@@ -21,13 +21,15 @@ How a step runs, in or out of ``tf.function``:
    variables, so the traced graph stays valid across mask changes: nothing is retraced.
 3. Horovod all-reduces the packed vectors (no indices travel), the compressor scatters back.
 
-The class is assembled from one module per concept: ``binding.py`` (variables join the state),
-``maintenance.py`` (masks, plan, schedule and Mask Tracker between steps), ``engine.py`` (the
-all-reduces); checkpoints go through ``snapshot`` and ``restore`` (the format: ``checkpoint.py``).
+The state is composed of one member per concept, sharing one record, ``bound`` (``bound.py``: the bound
+variables and each one's plan): ``binding`` (variables join the state), ``maintenance`` (masks, plans,
+schedule position and Mask Tracker between steps), ``engine`` (the all-reduces); checkpoints go through
+``snapshot`` and ``restore`` (the format: ``checkpoint.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import horovod.tensorflow as hvd
@@ -44,46 +46,35 @@ from pactrain_hvd.core import (
 )
 from pactrain_hvd.core.agreement import horovod_settings
 from pactrain_hvd.core.config import LOCAL_STEP_KEYWORDS, horovod_op, pactrain_keywords, reduce_op_name
-from pactrain_hvd.core.cycle import PruningCycle
 from pactrain_hvd.core.encodings import ENCODINGS, packed_values_argument
 from pactrain_hvd.core.lanes import quantized_layout
-from pactrain_hvd.core.lifecycle import StepLifecycle
 from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
 from pactrain_hvd.tensorflow import checkpoint
 from pactrain_hvd.tensorflow.arguments import checked_arguments
 from pactrain_hvd.tensorflow.binding import Binding
-from pactrain_hvd.tensorflow.compression import PACKED_WIRES, PacTrainCompressor
-from pactrain_hvd.tensorflow.engine import HorovodEngine
+from pactrain_hvd.tensorflow.bound import BoundTensors
+from pactrain_hvd.tensorflow.compression import PACKED_WIRES
+from pactrain_hvd.tensorflow.engine import HorovodEngine, ReductionArguments
 from pactrain_hvd.tensorflow.maintenance import Maintenance
-from pactrain_hvd.tensorflow.pruning import Pruner, backing_variable
+from pactrain_hvd.tensorflow.pruning import Pruner
 from pactrain_hvd.tensorflow.ternary import TernaryReduction
 
 
-class PacTrainState(Binding, Maintenance, HorovodEngine, tf.train.experimental.PythonState):
+class PacTrainState(tf.train.experimental.PythonState):
     """What persists between steps: schedule position, masks, packing plan, wire accounting.
 
-    Takes Horovod's reduction arguments (``compression``, ``op``, ``gradient_predivide_factor``,
-    ``groups``, ``sparse_as_dense``, ``process_set``, ``device_dense``, ``device_sparse``,
-    ``scale_local_gradients``) and PacTrain's (``sparsity``, ``begin_step``, ``end_step``,
-    ``frequency``, ``total_steps``, ``prunable``: a predicate ``(name, variable) -> bool`` or glob patterns,
-    ``ranking``, ``pack_min_numel``, ``pack_max_density``, ``verify_every``; as in
-    ``pactrain_hvd.torch.DistributedOptimizer``). ``schedule``: a schedule object in place of ``sparsity`` and
-    the steps (``pt.ConstantSparsity(0.95)``: sparse from the first step; ``pt.PolynomialDecay``;
-    ``pt.short_ramp``); a schedule that prunes at step 0 ranks the masks before step 0's reduction, from
-    the weights every rank holds then, so broadcast the variables before the first step (a difference
-    is caught by the Mask Tracker at step 0); ``rescale_survivors`` as in torch. ``optimizer``: whose slots (momentum, Adam
-    moments) are zeroed at newly pruned coordinates when masks change. ``masks``: bring your own
-    mask, ``{variable name: bool mask}`` or a model wrapped by tfmot's ``prune_low_magnitude``;
-    fixed (the schedule is off) unless ``continue_pruning=True`` (see ``core.own_masks``).
-    ``resume_changed_settings``: restore a checkpoint saved with another ``sparsity``, schedule, ``ranking``
-    or ``packed_values`` (with a warning) instead of raising ``CheckpointError``. Every rank must pass the
-    same settings: the first step proves it (``SettingsMismatchError`` on every rank instead of a hang).
-    ``packed_values``: how packed values travel, as in torch: ``"inherit"`` as ``compression`` says,
-    ``"fp16"``, ``"ternary"`` or ``"int3"`` (shared-scale stochastic codes in {-1, 0, 1} or [-3, 3] with
-    error feedback in int32 lanes, fp16 beyond 644 or 214 ranks; op Average or Sum); ``values=`` is its
-    deprecated old name. Dense-plan and unpruned tensors travel as ``compression`` says. ``"fp16"``,
-    ``"ternary"`` and ``"int3"`` are not combinable with ``groups``:
-    a pruned tensor's plan, hence its wire, is chosen when the step runs.
+    Takes Horovod's reduction arguments (as ``hvd.DistributedGradientTape``: ``compression``, ``op``,
+    ``gradient_predivide_factor``, ``groups``, ``sparse_as_dense``, ``process_set``, ``device_dense``,
+    ``device_sparse``, ``scale_local_gradients``) and PacTrain's keywords as ``pactrain_hvd.torch.DistributedOptimizer``
+    takes them, but the local-step ones (``sparsity`` or a ``schedule`` object, ``prunable``: a predicate
+    ``(name, variable) -> bool`` or glob patterns, ``packed_values``, ``verify_every``, ...). A schedule that prunes
+    at step 0 ranks the masks from the weights every rank holds then: broadcast the variables before the first
+    step (a difference is caught by the Mask Tracker at step 0). ``optimizer``: whose slots (momentum, Adam
+    moments) are zeroed at newly pruned coordinates when masks change. ``masks``: bring your own mask,
+    ``{variable name: bool mask}`` or a model wrapped by tfmot's ``prune_low_magnitude``; fixed (the schedule is
+    off) unless ``continue_pruning=True`` (see ``core.own_masks``). Every rank must pass the same settings: the
+    first step proves it (``SettingsMismatchError`` on every rank instead of a hang). Quantized ``packed_values``
+    and fp16 are not combinable with ``groups``: a pruned tensor's plan, hence its wire, is chosen when the step runs.
 
     The state binds to the variables of its first ``reduce`` call (more may join later). It is a
     checkpointable object: put it in a ``tf.train.Checkpoint`` to save masks and schedule
@@ -119,72 +110,61 @@ class PacTrainState(Binding, Maintenance, HorovodEngine, tf.train.experimental.P
         # warns at the caller if values= is given (this frame, the keyword wrapper's, then the caller's)
         packed_values = packed_values_argument(pactrain.pop("packed_values"), pactrain.pop("values"), stacklevel=4)
         prunable, op = pactrain["prunable"], horovod_op(hvd, op)  # op None: Average, as Horovod reads it
-        self.config, self._own_masks, groups = checked_arguments(
+        self.config, own_masks, groups = checked_arguments(
             compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor, groups=groups,
             packed_values=packed_values, process_set=process_set, device_dense=device_dense,
             device_sparse=device_sparse, optimizer=optimizer, **pactrain)
-        self._tfmot_masks: dict[str, tf.Variable] = {}
-        self.compression = compression
-        self.sparse_as_dense = bool(sparse_as_dense)
-        self.op = op
-        self.gradient_predivide_factor = float(gradient_predivide_factor)
-        self.groups = groups
-        self.process_set = process_set
-        self.device_dense = device_dense
-        self.device_sparse = device_sparse
-        self.scale_local_gradients = bool(scale_local_gradients)
-        self.prunable = prunable
-        self.optimizer = optimizer
-        self.packed_values = packed_values
         encoding = ENCODINGS[packed_values]
         layout = quantized_layout(process_set.size(), encoding.levels) if encoding.quantized else None
-        # A rank outside the process set never reduces.
-        self._ternary = TernaryReduction(process_set, encoding.levels) if layout is not None and process_set.included() else None
         self._encoding = encoding.reported(lanes_fit=layout is not None)
-        self._packed_compression = encoding.wire_of(PACKED_WIRES, "horovod.tensorflow") or compression
-
-        self._names: list[str] = []
-        self._positions: dict[Any, int] = {}
-        self._local: set[Any] = set()
-        self._compressors: dict[str, PacTrainCompressor] = {}
-        self._packed: dict[str, bool] = {}
-        self._dense_bytes: dict[int, int] = {}
+        self.reduction = ReductionArguments(
+            compression=compression, sparse_as_dense=bool(sparse_as_dense), op=op,
+            gradient_predivide_factor=float(gradient_predivide_factor), groups=groups, process_set=process_set,
+            device_dense=device_dense, device_sparse=device_sparse, scale_local_gradients=bool(scale_local_gradients),
+            packed_values=packed_values,
+            packed_compression=encoding.wire_of(PACKED_WIRES, "horovod.tensorflow") or compression)
         op_name = reduce_op_name(hvd, op, gradient_predivide_factor)
-        self._pruner = Pruner({}, [], self.config.schedule, self.config.ranking, process_set, settings={
+        pruner = Pruner({}, [], self.config.schedule, self.config.ranking, process_set, settings={
             **self.config.shared_settings(), "packed_values": packed_values,
             **horovod_settings(op_name, compression, groups, 1, gradient_predivide_factor)})
-        self._pending_restore: bytes | None = None
-        self.broadcast_request: Any = None  # a pending broadcast (functions.broadcast_variables_at_next_reduction)
-        self._zero_in_graph = False  # binding inside a trace: see ``bind``
-        self._zero_due: tf.Variable | None = None  # set when masks were installed at a traced binding
-        # Every check proves the position (the Pruner skips what a process alone need not prove); the first step checks.
-        self.cycle = PruningCycle(self.config, tracking=True)
-        self.lifecycle = StepLifecycle(self.cycle, self)
-        with tf.init_scope():
-            # The traced step's mirrors of the cycle: its position (which the graph advances) and next maintenance step.
-            self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="pactrain_step")
-            self._next_due = tf.Variable(self.cycle.next_due(), dtype=tf.int64, trainable=False,
-                                         name="pactrain_next_maintenance")
-            self._sent_bytes = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False,
-                                           name="pactrain_sent_bytes")
-            # Per bound variable, the factor the next zeroing applies to its survivors (1 but at rescale_survivors).
-            self._survivor_scales = tf.Variable(tf.ones([0]), shape=tf.TensorShape([None]), trainable=False,
-                                                name="pactrain_survivor_scales")
-        self._communicate_eagerly = tf.function(self._communicate)
-        self.traces = 0  # times the reduction was traced into a graph; mask changes add none
+        # A rank outside the process set never reduces.
+        quantized = (TernaryReduction(process_set, encoding.levels)
+                     if layout is not None and process_set.included() else None)
+        self.bound = BoundTensors(pruner, quantized)
+        self.maintenance = Maintenance(self.bound, self.config, optimizer, tfmot_masks={})
+        self.binding = Binding(self.bound, self.maintenance, prunable, compression, own_masks, self.restore)
+        self.engine = HorovodEngine(self.bound, self.binding, self.maintenance, self.reduction)
 
     # -- what users read ------------------------------------------------------------------------
     @property
     def step_count(self) -> int:
         """Gradient reductions done: the schedule position."""
-        return int(self._step.numpy())
+        return int(self.maintenance.step.numpy())
+
+    @property
+    def process_set(self) -> hvd.ProcessSet:
+        return self.reduction.process_set
+
+    @property
+    def optimizer(self) -> Any:
+        """Whose slots (momentum, Adam moments) are zeroed at newly pruned coordinates."""
+        return self.maintenance.optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: Any) -> None:
+        self.maintenance.optimizer = optimizer
+
+    @property
+    def traces(self) -> int:
+        """Times the reduction was traced into a graph; mask changes add none."""
+        return self.engine.traces
 
     def masks(self) -> dict[str, np.ndarray]:
         """``{variable name: bool mask}`` for every pruned variable (copies; restored but not yet
         bound: under the names they were saved with)."""
-        if self._pending_restore is not None:
-            return {name: mask for _, name, mask in checkpoint.parse(self._pending_restore).masks}
-        return {name: mask.copy() for name, mask in self._pruner.masks.items()}
+        if self.binding.pending_restore is not None:
+            return {name: mask for _, name, mask in checkpoint.parse(self.binding.pending_restore).masks}
+        return {name: mask.copy() for name, mask in self.bound.pruner.masks.items()}
 
     def stats(self) -> dict:
         """The last step's wire bytes (sent and dense-equivalent), bits per packed value, per-tensor density and plan.
@@ -192,19 +172,47 @@ class PacTrainState(Binding, Maintenance, HorovodEngine, tf.train.experimental.P
         ``values`` says how packed values travelled: as the ``packed_values`` argument, or ``"fp16"`` where a
         quantized encoding fell back (too many ranks for 3 lanes per word).
         """
-        sent = self._sent_bytes.numpy()
+        bound = self.bound
+        sent = bound.sent_bytes.numpy()
         tensors = {}
-        for position, name in enumerate(self._names):
+        for position, name in enumerate(bound.names):
             if position >= sent.size or sent[position] < 0:
                 continue  # not communicated in the last step (no gradient, or a local source)
-            numel = self._pruner.variables[name].shape.num_elements()
-            mask = self._pruner.masks.get(name)
+            numel = bound.pruner.variables[name].shape.num_elements()
+            mask = bound.pruner.masks.get(name)
             tensors[name] = TensorStats(numel=numel, kept=numel if mask is None else int(mask.sum()),
-                                        packed=self._packed.get(name, False), sent_bytes=int(sent[position]),
-                                        dense_bytes=self._dense_bytes[position])
+                                        packed=bound.packed.get(name, False), sent_bytes=int(sent[position]),
+                                        dense_bytes=bound.dense_bytes[position])
         stats = StepStats(step=max(self.step_count - 1, 0), tensors=tensors)
-        return dict(stats.as_dict(), sparsity=self._pruner.sparsity(), values=self._encoding)
+        return dict(stats.as_dict(), sparsity=bound.pruner.sparsity(), values=self._encoding)
 
+    # -- the step ----------------------------------------------------------------------------------
+    def reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
+        """All-reduce ``grads`` of ``variables`` (pruned ones packed) and advance the schedule one step
+        (``HorovodEngine.reduce``)."""
+        return self.engine.reduce(grads, variables)
+
+    def bind(self, variables: Sequence[Any]) -> tuple[int, ...]:
+        """Register variables (idempotent); returns their positions. Safe inside ``tf.function``."""
+        return self.binding.bind(variables)
+
+    def enforce(self, variables: Iterable[Any]) -> None:
+        """Pruned weights become exactly 0 (+0.0) whatever the optimizer did; graph-safe."""
+        self.maintenance.enforce(variables)
+
+    def on_every_rank(self, flag: Any) -> tf.Tensor:
+        """Whether ``flag`` holds on every rank this state reduces with (one int all-reduce); ``flag`` itself
+        where nothing is communicated. For decisions all ranks must take alike, such as skipping a step."""
+        return self.engine.on_every_rank(flag)
+
+    def register_local(self, variable: Any) -> None:
+        """Gradients of ``variable`` stay local: not reduced (scaled by 1/size if ``scale_local_gradients``)."""
+        self.binding.register_local(variable)
+
+    def is_local(self, variable: Any) -> bool:
+        return self.binding.is_local(variable)
+
+    # -- masks and settings ------------------------------------------------------------------------
     def set_masks(self, masks: dict[str, Any]) -> None:
         """Replace the masks (bool arrays or tensors by variable name); local, no communication.
 
@@ -214,86 +222,79 @@ class PacTrainState(Binding, Maintenance, HorovodEngine, tf.train.experimental.P
         """
         if not isinstance(masks, dict):
             raise TypeError(f"masks must be a dict of variable name -> bool array, got {type(masks).__name__}")
-        self._install(self._pruner.validate({name: np.asarray(mask) for name, mask in masks.items()}))
+        self.maintenance.install(self.bound.pruner.validate({name: np.asarray(mask) for name, mask in masks.items()}))
 
     def verify(self) -> None:
         """Mask Tracker, now: a collective call that raises ``MaskMismatchError`` on every rank."""
-        self._pruner.verify(self.step_count)
+        self.bound.pruner.verify(self.step_count)
 
-    def _group_size(self) -> int:
-        """The ranks this state averages over: its process set's, or 1 outside it (where Horovod's
-        ``ProcessSet.size()`` may even fail: "Process set does not exist or has not been registered")."""
-        return self.process_set.size() if self.process_set.included() else 1
-
-    def register_local(self, variable: Any) -> None:
-        """Gradients of ``variable`` stay local: not reduced (scaled by 1/size if ``scale_local_gradients``)."""
-        self._local.add(backing_variable(variable).ref())
-
-    def is_local(self, variable: Any) -> bool:
-        return backing_variable(variable).ref() in self._local
+    def request_verification(self) -> None:
+        """Verify masks at the next step. Only for calls every rank makes (``broadcast_masks``, elastic
+        sync): a rank that verifies alone waits for the others forever."""
+        self.maintenance.request_verification()
 
     def share_settings(self, **settings: Any) -> None:
         """More settings every rank must hold the same (proven at every Mask Tracker check, the first step's
         included), e.g. the Keras optimizer's ``backward_passes_per_step``."""
-        self._pruner.settings.update(settings)
+        self.bound.pruner.settings.update(settings)
 
     def shared_settings(self) -> dict[str, Any]:
         """What every rank must hold the same, by name (``core.agreement``)."""
-        return dict(self._pruner.settings)
+        return dict(self.bound.pruner.settings)
 
     # -- checkpoints (tf.train.Checkpoint calls these; the format: checkpoint.py) --------------------
     def serialize(self) -> bytes:
         """Schedule position and masks (and ternary's held scales, error memory and noise) as bytes."""
-        if self._pending_restore is not None:
-            return self._pending_restore
+        if self.binding.pending_restore is not None:
+            return self.binding.pending_restore
         return checkpoint.to_bytes(self.snapshot())
 
     def deserialize(self, string_value: bytes) -> None:
         """Restore schedule position and masks; local, validated before anything changes."""
         saved = checkpoint.parse(string_value)
-        check_saved_settings(saved.settings, checkpoint_settings(self.config, self.packed_values), saved.step,
-                             self.config)
-        check_saved_world_size(saved.world_size, self._group_size())
-        if not self._names:
-            self._pending_restore = bytes(string_value)  # applied when the state binds to its variables
-            self._set_step(saved.step)
+        check_saved_settings(saved.settings, checkpoint_settings(self.config, self.reduction.packed_values),
+                             saved.step, self.config)
+        check_saved_world_size(saved.world_size, self.reduction.group_size())
+        if not self.bound.names:
+            self.binding.pending_restore = bytes(string_value)  # applied when the state binds to its variables
+            self.maintenance.set_step(saved.step)
             return
         self.restore(saved)
 
     def snapshot(self) -> checkpoint.SavedState:
         """What a checkpoint saves: schedule position, world size, settings and masks (by variable position);
         with ternary values the held scales and this rank's error memory and rounding-noise state."""
-        names = sorted(self._pruner.masks)
-        masks = [(self._names.index(name), name, self._pruner.masks[name]) for name in names]
+        bound = self.bound
+        names = sorted(bound.pruner.masks)
+        masks = [(bound.names.index(name), name, bound.pruner.masks[name]) for name in names]
         ternary = None
-        if self._ternary is not None:
-            residuals = self._ternary.memory.state_dict()
+        if bound.quantized is not None:
+            residuals = bound.quantized.memory.state_dict()
             ternary = checkpoint.SavedTernary(
-                self.process_set.rank(), self._ternary.noise.generator.state.numpy(),
+                self.process_set.rank(), bound.quantized.noise.generator.state.numpy(),
                 {position: residuals[name] for position, name, _ in masks},
-                {self._names.index(name): float(scale.numpy()) for name, scale in self._ternary.scales.items()})
-        return checkpoint.SavedState(self.step_count, self._group_size(), masks, ternary,
-                                     checkpoint_settings(self.config, self.packed_values))
+                {bound.names.index(name): float(scale.numpy()) for name, scale in bound.quantized.scales.items()})
+        return checkpoint.SavedState(self.step_count, self.reduction.group_size(), masks, ternary,
+                                     checkpoint_settings(self.config, self.reduction.packed_values))
 
     def restore(self, saved: checkpoint.SavedState) -> None:
         """Install a checkpoint's state into the bound variables; validated before anything changes. Local."""
+        bound = self.bound
         try:
-            masks = self._pruner.validate(checkpoint.masks_by_name(saved, self._names))
+            masks = bound.pruner.validate(checkpoint.masks_by_name(saved, bound.names))
         except (TypeError, ValueError) as error:
             raise CheckpointError(f"checkpoint does not fit these variables: {error}") from error
         residuals = None
-        if (saved.ternary is not None and self._ternary is not None
+        if (saved.ternary is not None and bound.quantized is not None
                 and saved_by_this_rank(saved.ternary.rank, self.process_set.rank,
                                        holds_state=saved.step > 0)):
-            residuals = checkpoint.residuals_by_name(saved.ternary, self._names, {
-                name: int(mask.sum()) if self._packs(mask) else 0 for name, mask in masks.items()})
-        scales = checkpoint.scales_by_name(saved, self._names)
-        self._set_step(saved.step)
-        self._install(masks)
-        if self._ternary is not None:  # none held where the checkpoint has none: that step agrees one
-            self._ternary.hold_scales(scales)
+            residuals = checkpoint.residuals_by_name(saved.ternary, bound.names, {
+                name: int(mask.sum()) if self.maintenance.packs(mask) else 0 for name, mask in masks.items()})
+        scales = checkpoint.scales_by_name(saved, bound.names)
+        self.maintenance.set_step(saved.step)
+        self.maintenance.install(masks)
+        if bound.quantized is not None:  # none held where the checkpoint has none: that step agrees one
+            bound.quantized.hold_scales(scales)
         if residuals is not None:
-            self._ternary.noise.generator.state.assign(saved.ternary.noise)
-            self._ternary.memory.load_state_dict(residuals)
-
-
+            bound.quantized.noise.generator.state.assign(saved.ternary.noise)
+            bound.quantized.memory.load_state_dict(residuals)

@@ -139,7 +139,7 @@ class DistributedGradientTape:
             raise TypeError(f"state must be a PacTrainState, got {type(state).__name__}")
         else:
             differing = [key for key, value in horovod_args.items()
-                         if value != _HOROVOD_DEFAULTS[key] and value != getattr(state, key)] + sorted(pactrain)
+                         if value != _HOROVOD_DEFAULTS[key] and value != getattr(state.reduction, key)] + sorted(pactrain)
             if differing:
                 raise ValueError(f"state= was given, so {', '.join(differing)} must be left unset: the state has them")
         self._tape = gradtape

@@ -21,12 +21,12 @@ class BroadcastCarry:
         """The PacTrain state as tensors: a uint8 mask per prunable tensor (all kept where none) and the
         schedule position, and ternary's held scales. Kept so that what ``hvd.broadcast_optimizer_state``
         writes into them in place reaches this state (``adopt_broadcast``)."""
-        names = self._pruner.prunable_names if self.tracking else sorted(self._pruner.masks)
-        masks = {name: (self._pruner.masks[name].to(torch.uint8).cpu() if name in self._pruner.masks
-                        else torch.ones(self._parameters[name].shape, dtype=torch.uint8)) for name in names}
+        names = self.pruner.prunable_names if self.tracking else sorted(self.pruner.masks)
+        masks = {name: (self.pruner.masks[name].to(torch.uint8).cpu() if name in self.pruner.masks
+                        else torch.ones(self.parameters[name].shape, dtype=torch.uint8)) for name in names}
         self._exported = {"step": torch.tensor([self.cycle.step], dtype=torch.int64), "masks": masks}
-        if self._ternary is not None:  # and its snapshot: only a change made by a broadcast is adopted
-            scales = self._ternary.scale_vector(list(self._parameters))
+        if self.ternary is not None:  # and its snapshot: only a change made by a broadcast is adopted
+            scales = self.ternary.scale_vector(list(self.parameters))
             self._exported.update(scales=scales, scales_as_exported=scales.clone())
         return self._exported
 
@@ -38,12 +38,12 @@ class BroadcastCarry:
             return
         if "scales" in exported and not torch.equal(exported["scales"].nan_to_num(-1),
                                                     exported["scales_as_exported"].nan_to_num(-1)):
-            self._ternary.hold_scales(list(self._parameters), exported["scales"], self._devices())
+            self.ternary.hold_scales(list(self.parameters), exported["scales"], self.devices())
         step = int(exported["step"][0])
         masks = host_masks(exported["masks"], flags=True)
-        held = {name: mask.cpu().numpy() for name, mask in self._pruner.masks.items()}
+        held = {name: mask.cpu().numpy() for name, mask in self.pruner.masks.items()}
         if step == self.cycle.step and masks.keys() >= held.keys() and all(
                 np.array_equal(mask, held[name]) if name in held else mask.all() for name, mask in masks.items()):
             return
         self.cycle.step = step
-        self.install_masks(self._pruner.validate(masks), zero_weights=False)
+        self.install_masks(self.pruner.validate(masks), zero_weights=False)

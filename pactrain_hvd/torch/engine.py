@@ -33,9 +33,8 @@ _HOOK_OWNERS = WeakTensorKeyDictionary()
 
 
 class HorovodEngine:
-    """The hook / delay / group machinery. Before ``_start_engine`` the subclass sets ``_optimizer`` (the
-    wrapped one), ``op``, ``process_set``, ``backward_passes_per_step``, ``gradient_predivide_factor`` and
-    ``sparse_as_dense``."""
+    """The hook / delay / group machinery. Before ``_start_engine`` the subclass sets ``op``, ``process_set``,
+    ``backward_passes_per_step``, ``gradient_predivide_factor`` and ``sparse_as_dense``."""
 
     def _start_engine(self, state: PacTrainState, groups: int | list[list[torch.Tensor]] | None) -> None:
         self._pactrain = state
@@ -270,29 +269,3 @@ class HorovodEngine:
         self._should_synchronize = True
         self._pactrain.discard_step()
         self.set_backward_passes_per_step(self.backward_passes_per_step)
-
-    # -- hvd.broadcast_optimizer_state's state initialisation -----------------------------------
-    def _is_state_initialisation(self) -> bool:
-        """``hvd.broadcast_optimizer_state`` on a rank whose optimizer has no state sets every gradient to
-        zeros and calls ``step()`` with no backward pass; Horovod makes that step local for its own wrapper
-        (other ranks never join it), so ours recognises it."""
-        return (not self._optimizer.state and not self._handles and not self._synchronized
-                and all(p.grad is not None and not p.grad.is_sparse and not p.grad.any()
-                        for group in self.param_groups for p in group["params"] if p.requires_grad))
-
-    @torch.no_grad()
-    def _initialise_state(self) -> None:
-        """The wrapped optimizer's step on zero gradients, locally: it creates the state (momentum, moments)
-        Horovod then overwrites with the root's. Weights are put back (Horovod's own wrapper lets weight decay
-        shrink them, on the resuming ranks only); the schedule does not move."""
-        parameters = [p for group in self.param_groups for p in group["params"]]
-        weights = [p.detach().clone() for p in parameters]
-        if isinstance(self._optimizer, torch.optim.SparseAdam):  # Horovod's special case, for its own class
-            for p in parameters:
-                if p.grad is not None:
-                    p.grad = p.grad.to_sparse()
-        self._optimizer.step()
-        for p, weight in zip(parameters, weights):
-            p.copy_(weight)
-            if self._pactrain.tracking:  # an entry for every parameter, so that the masks travel (see state_dict)
-                self._optimizer.state[p]  # noqa: B018

@@ -202,6 +202,32 @@ class DistributedOptimizer(HorovodEngine, StateReadings, torch.optim.Optimizer):
         self._check_nothing_in_flight()
         self._optimizer.zero_grad(set_to_none=set_to_none)
 
+    # -- hvd.broadcast_optimizer_state's state initialisation -----------------------------------
+    def _is_state_initialisation(self) -> bool:
+        """``hvd.broadcast_optimizer_state`` on a rank whose optimizer has no state sets every gradient to
+        zeros and calls ``step()`` with no backward pass; Horovod makes that step local for its own wrapper
+        (other ranks never join it), so ours recognises it."""
+        return (not self._optimizer.state and not self._handles and not self._synchronized
+                and all(p.grad is not None and not p.grad.is_sparse and not p.grad.any()
+                        for group in self.param_groups for p in group["params"] if p.requires_grad))
+
+    @torch.no_grad()
+    def _initialise_state(self) -> None:
+        """The wrapped optimizer's step on zero gradients, locally: it creates the state (momentum, moments)
+        Horovod then overwrites with the root's. Weights are put back (Horovod's own wrapper lets weight decay
+        shrink them, on the resuming ranks only); the schedule does not move."""
+        parameters = [p for group in self.param_groups for p in group["params"]]
+        weights = [p.detach().clone() for p in parameters]
+        if isinstance(self._optimizer, torch.optim.SparseAdam):  # Horovod's special case, for its own class
+            for p in parameters:
+                if p.grad is not None:
+                    p.grad = p.grad.to_sparse()
+        self._optimizer.step()
+        for p, weight in zip(parameters, weights):
+            p.copy_(weight)
+            if self._pactrain.tracking:  # an entry for every parameter, so that the masks travel (see state_dict)
+                self._optimizer.state[p]  # noqa: B018
+
     # -- checkpoints (format: checkpoint.py) ------------------------------------------------------
     def state_dict(self) -> dict:
         """The wrapped optimizer's state dict plus ``"pactrain"``: schedule position and masks, and with

@@ -195,10 +195,10 @@ def host_masks(masks: dict[str, Any], flags: bool = False) -> dict[str, np.ndarr
 
 class PruningReadout:
     """What a user reads of a torch pruning state (``PacTrainState``, ``PacTrainHookState``): it holds a
-    ``core.cycle.PruningCycle`` as ``cycle`` and a ``Pruner`` as ``_pruner``."""
+    ``core.cycle.PruningCycle`` as ``cycle`` and a ``Pruner`` as ``pruner``."""
 
     cycle: PruningCycle
-    _pruner: Pruner
+    pruner: Pruner
 
     @property
     def step_count(self) -> int:
@@ -207,38 +207,38 @@ class PruningReadout:
 
     def masks(self) -> dict[str, torch.Tensor]:
         """``{parameter name: bool mask}`` for every pruned parameter (copies)."""
-        return {name: mask.clone() for name, mask in self._pruner.masks.items()}
+        return {name: mask.clone() for name, mask in self.pruner.masks.items()}
 
     @property
     def prunable_names(self) -> list[str]:
         """The names of the parameters the schedule may prune, in name order."""
-        return list(self._pruner.prunable_names)
+        return list(self.pruner.prunable_names)
 
 
 class SharedMaskOperations:
-    """The ``core.lifecycle.MaskOperations`` both torch states carry out alike, on their ``Pruner`` (``_pruner``);
+    """The ``core.lifecycle.MaskOperations`` both torch states carry out alike, on their ``Pruner`` (``pruner``);
     each state adds ``rank_masks``, ``needs_remask``, ``commit_codec_memory``, ``adopt_broadcast`` and
     ``begin_interval``, which differ."""
 
     config: PacTrainConfig
     weights_unmasked: bool
-    _pruner: Pruner
+    pruner: Pruner
 
     def holds_masks(self) -> bool:
-        return bool(self._pruner.masks)
+        return bool(self.pruner.masks)
 
     def verify_masks(self, position: int) -> None:
-        self._pruner.verify(position)
+        self.pruner.verify(position)
 
     def finish_early_pruning(self) -> None:
         if self.config.rescale_survivors:
-            self._pruner.rescale_survivors()
+            self.pruner.rescale_survivors()
         self.zero_pruned_weights()
-        self._pruner.mask_gradients()
+        self.pruner.mask_gradients()
 
     def mask_gradients(self) -> None:
-        self._pruner.mask_gradients()
+        self.pruner.mask_gradients()
 
     def zero_pruned_weights(self) -> None:
-        self._pruner.apply_to_weights()
+        self.pruner.apply_to_weights()
         self.weights_unmasked = False

@@ -70,7 +70,7 @@ class PacTrainState(PruningReadout, SharedMaskOperations, BroadcastCarry):
             warn_if_torch_pruned(self._names)
         prunable_names = sorted(own_masks) if own_masks and prunable is None else select_prunable(parameters, prunable)
         shared = {**config.shared_settings(), "packed_values": packed_values, **(settings or {})}
-        self._pruner = Pruner(parameters, prunable_names, config.schedule, config.ranking, process_set, settings=shared)
+        self.pruner = Pruner(parameters, prunable_names, config.schedule, config.ranking, process_set, settings=shared)
         # Horovod's rule: a rank communicates if it is in the process set and there is someone to talk to.
         self.communicating = process_set.included() and (hvd.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
         # Masks can differ only where some are pruned; then every rank proves them every ``verify_every`` steps.
@@ -101,18 +101,18 @@ class PacTrainState(PruningReadout, SharedMaskOperations, BroadcastCarry):
         quantized encoding fell back (too many ranks for 3 lanes per word).
         """
         encoding = ENCODINGS[self.packed_values].reported(lanes_fit=self._ternary is not None)
-        return dict(self._stats.as_dict(), sparsity=self._pruner.sparsity(), values=encoding)
+        return dict(self._stats.as_dict(), sparsity=self.pruner.sparsity(), values=encoding)
 
     def set_masks(self, masks: dict[str, Any]) -> None:
         """Replace the masks (bool tensors or arrays by parameter name); local, no communication.
 
         Ranks prove they agree at the first step, then every ``verify_every`` steps.
         """
-        self.install_masks(self._pruner.validate(host_masks(masks)))
+        self.install_masks(self.pruner.validate(host_masks(masks)))
 
     def verify(self) -> None:
         """Mask Tracker, now: a collective call that raises ``MaskMismatchError`` on every rank."""
-        self._pruner.verify(self.cycle.step)
+        self.pruner.verify(self.cycle.step)
 
     # -- what checkpoints, broadcasts and the engine read (checkpoint.py, functions.py, engine.py) --------
     @property
@@ -133,7 +133,7 @@ class PacTrainState(PruningReadout, SharedMaskOperations, BroadcastCarry):
     def fit_masks(self, masks: dict[str, Any]) -> dict[str, np.ndarray]:
         """Masks (bool or uint8 flags, tensors or arrays) as validated host masks of these parameters; raises
         ``TypeError`` or ``ValueError`` where they do not fit."""
-        return self._pruner.validate(host_masks(masks, flags=True))
+        return self.pruner.validate(host_masks(masks, flags=True))
 
     def load_ternary(self, saved: dict) -> None:
         """This rank's saved error memory and noise (``TernaryReduction.state_dict``'s, validated), for the
@@ -141,7 +141,7 @@ class PacTrainState(PruningReadout, SharedMaskOperations, BroadcastCarry):
         self._ternary.noise.load_state_dict(saved["noise"])
         self._ternary.memory.load_state_dict({name: residual for name, residual in saved["residuals"].items()
                                               if self.compressor(self._parameters[name]).lanes is not None},
-                                             self._devices())
+                                             self.devices())
 
     # -- masks and plan ---------------------------------------------------------------------------
     def adopt(self, step: int, masks: dict[str, np.ndarray], scales: torch.Tensor | None = None,
@@ -152,19 +152,19 @@ class PacTrainState(PruningReadout, SharedMaskOperations, BroadcastCarry):
         self.install_masks(masks, zero_weights)
         if self._ternary is not None:
             self._ternary.hold_scales(list(self._parameters), scales if scales is not None
-                                      else torch.full((len(self._parameters),), float("nan")), self._devices())
+                                      else torch.full((len(self._parameters),), float("nan")), self.devices())
 
     def install_masks(self, masks: dict[str, np.ndarray], zero_weights: bool = True) -> None:
         self._exported = None
         self.weights_unmasked |= not zero_weights
-        self._pruner.install(masks, zero_weights)
+        self.pruner.install(masks, zero_weights)
         self._after_mask_change()
 
     def _after_mask_change(self) -> None:
-        self._pruner.clear_optimizer_state(self._optimizer.state)
+        self.pruner.clear_optimizer_state(self._optimizer.state)
         if self.outer is not None:
-            self.outer.mask(self._pruner.masks)
-        sync_prune_buffers(self._prune_buffers, self._pruner.masks)
+            self.outer.mask(self.pruner.masks)
+        sync_prune_buffers(self._prune_buffers, self.pruner.masks)
         self.rebuild_plan()
 
     def rebuild_plan(self) -> None:
@@ -172,7 +172,7 @@ class PacTrainState(PruningReadout, SharedMaskOperations, BroadcastCarry):
         cfg = self.config
         previous, self._compressors = self._compressors, {}
         for name, p in self._parameters.items():
-            mask = self._pruner.masks.get(name)
+            mask = self.pruner.masks.get(name)
             packed = mask is not None and should_pack(p.numel(), int(mask.sum()), cfg.pack_min_numel, cfg.pack_max_density)
             lanes = self._ternary.layout if packed and self._ternary is not None else None
             self._compressors[p] = PacTrainCompressor(mask, self._packed_compression if packed else self._compression,
@@ -226,7 +226,7 @@ class PacTrainState(PruningReadout, SharedMaskOperations, BroadcastCarry):
     def rank_masks(self, step: int, early: bool) -> None:
         """Ranked from the weights every rank holds (after the user's broadcast; with local steps, the anchor's)
         and proven equal across ranks before anything is packed with them."""
-        self._pruner.update(step, verify=self.communicating, zero_weights=not early)
+        self.pruner.update(step, verify=self.communicating, zero_weights=not early)
         self._exported = None
         self.weights_unmasked |= early
         self._after_mask_change()
@@ -263,5 +263,6 @@ class PacTrainState(PruningReadout, SharedMaskOperations, BroadcastCarry):
             numel=numel, kept=numel if compressor.kept is None else compressor.kept, packed=compressor.packed,
             sent_bytes=sent_bytes, dense_bytes=numel * p.element_size())
 
-    def _devices(self) -> dict[str, torch.device]:
+    def devices(self) -> dict[str, torch.device]:
+        """Each parameter's device, by name."""
         return {name: p.device for name, p in self._parameters.items()}

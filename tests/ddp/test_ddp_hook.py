@@ -127,8 +127,8 @@ def scenario_sparse_from_the_first_step():
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
     state = pt.ddp.PacTrainHookState(model, opt, schedule=pt.ConstantSparsity(0.9), ranking="layer", pack_min_numel=0)
     model.register_comm_hook(state, pt.ddp.pactrain_hook)
-    verified, verify = [], state._pruner.verify
-    state._pruner.verify = lambda at, *args, **kwargs: (verified.append(at), verify(at, *args, **kwargs))[1]
+    verified, verify = [], state.pruner.verify
+    state.pruner.verify = lambda at, *args, **kwargs: (verified.append(at), verify(at, *args, **kwargs))[1]
     for index in range(3):
         step(model, opt, index)
         masks = state.masks()

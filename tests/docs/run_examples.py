@@ -166,7 +166,7 @@ def check_tensorflow(block: Block, ns: dict) -> str:
     pruned = 0
     for state in {id(s): s for s in states}.values():
         for name, mask in state.masks().items():
-            weight = np.asarray(state._pruner.variables[name].numpy())
+            weight = np.asarray(state.bound.pruner.variables[name].numpy())
             assert (weight[~mask] == 0).all(), f"{name}: a pruned weight is not 0"
             pruned += int((~mask).sum())
     return f"ranks identical, {pruned} pruned weights 0" + ("" if states else ", no PacTrain state left to check")

@@ -51,7 +51,7 @@ def mistake(case: str, rank: int, step: int) -> None:
 
 def kill_inside_mask_updates(opt, rank: int) -> None:
     """Case ``kill_in_mask_update``: rank 1 dies while it ranks the masks of step 4 (a schedule update)."""
-    pruner = opt.pactrain_state._pruner
+    pruner = opt.pactrain_state.pruner
     rank_masks = pruner.rank
 
     def dying(step: int, *args, **kwargs):

@@ -85,18 +85,18 @@ def test_tf_state_refuses_an_optimizer_that_is_not_one(tf_frontend):
 
 def test_tf_op_none_is_average_as_horovod_reads_it(tf_frontend):
     tf, _, hvd_tf, tpt, _ = tf_frontend
-    assert tpt.PacTrainState(op=None).op == hvd_tf.Average  # ValueError: op=None is not supported with packing
+    assert tpt.PacTrainState(op=None).reduction.op == hvd_tf.Average  # ValueError: op=None is not supported with packing
     w = tf.Variable(tf.ones((4, 3)))
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(tf.ones((2, 4)) @ w)
     tape = tpt.DistributedGradientTape(tape, op=None, sparsity=0.0)
     assert tape.gradient(loss, [w])[0].shape == (4, 3)
-    assert tape.pactrain_state.op == hvd_tf.Average
+    assert tape.pactrain_state.reduction.op == hvd_tf.Average
 
 
 def test_tf_groups_as_a_numpy_integer_is_accepted_as_horovod_accepts_it(tf_frontend):
     state = tf_frontend[3].PacTrainState(groups=np.int64(2))  # ValueError: groups should be a positive integer ...
-    assert state.groups == 2 and type(state.groups) is int
+    assert state.reduction.groups == 2 and type(state.reduction.groups) is int
 
 
 # -- torch DistributedOptimizer ------------------------------------------------------------------------------

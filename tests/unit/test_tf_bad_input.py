@@ -60,7 +60,7 @@ def bound_state():
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(80, name="hidden"), keras.layers.Dense(3, name="out")])
     state = pt.PacTrainState(sparsity=0.5)
     state.bind(model.trainable_variables)
-    kernel = state._names[0]
+    kernel = state.bound.names[0]
     mask = np.zeros((6, 80), bool)
     mask[:, :40] = True
     state.set_masks({kernel: mask})

@@ -206,10 +206,10 @@ def test_values_is_the_deprecated_name_of_packed_values():
                            (dict(packed_values="fp32"), "inherit")):
         with pytest.warns(DeprecationWarning, match="deprecated") as caught:
             state = pt.PacTrainState(**kwargs)
-        assert state.packed_values == packed and caught[0].filename == __file__
+        assert state.reduction.packed_values == packed and caught[0].filename == __file__
     with pytest.warns(DeprecationWarning, match="values= is deprecated"):
         opt = ptk.DistributedOptimizer(keras.optimizers.SGD(), values="fp16")
-    assert opt.pactrain_state.packed_values == "fp16"
+    assert opt.pactrain_state.reduction.packed_values == "fp16"
     with pytest.raises(ValueError, match="not both"):
         pt.PacTrainState(packed_values="fp16", values="fp16")
     with pytest.warns(DeprecationWarning) as caught:  # read once by the tape, not again when it checks its state

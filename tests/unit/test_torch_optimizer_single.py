@@ -208,7 +208,7 @@ def check_clearing_changes_no_surviving_weight(make_inner, monkeypatch):
         opt = pt.DistributedOptimizer(make_inner(model.parameters()), named_parameters=model.named_parameters(),
                                       sparsity=0.8, begin_step=0, end_step=30, frequency=10)
         if keep_state:
-            monkeypatch.setattr(opt.pactrain_state._pruner, "clear_optimizer_state", lambda state: None)
+            monkeypatch.setattr(opt.pactrain_state.pruner, "clear_optimizer_state", lambda state: None)
             opt.pactrain_state._zero_stays_zero = False  # re-zero pruned weights after every step
         generator = torch.Generator().manual_seed(3)
         for _ in range(40):

@@ -118,10 +118,10 @@ class PacTrainHookState(PruningReadout, SharedMaskOperations):
         self.memory = ErrorFeedback()
         self._rank = dist.get_rank(process_group)
         self._generators: dict[torch.device, torch.Generator] = {}
-        self._pruner = Pruner(self.parameters, select_prunable(self.parameters, pactrain["prunable"]), self.config.schedule,
+        self.pruner = Pruner(self.parameters, select_prunable(self.parameters, pactrain["prunable"]), self.config.schedule,
                               self.config.ranking, exchange=dist_exchange(process_group),
                               settings={**self.config.shared_settings(), "packed_values": packed_values})
-        self.cycle = PruningCycle(self.config, bool(self._pruner.prunable_names) and self.config.sparsity > 0)
+        self.cycle = PruningCycle(self.config, bool(self.pruner.prunable_names) and self.config.sparsity > 0)
         self.lifecycle = StepLifecycle(self.cycle, self)
         self.weights_unmasked = False  # masks ranked before the first bucket, weights not yet zeroed
         self._remask = False
@@ -136,7 +136,7 @@ class PacTrainHookState(PruningReadout, SharedMaskOperations):
     # -- what a user reads ---------------------------------------------------------------------
     def stats(self) -> dict:
         """The last step's bytes handed to ``all_reduce`` (and DDP's fp32 equivalent), per bucket."""
-        return dict(self._stats.as_dict(), sparsity=self._pruner.sparsity())
+        return dict(self._stats.as_dict(), sparsity=self.pruner.sparsity())
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -144,7 +144,7 @@ class PacTrainHookState(PruningReadout, SharedMaskOperations):
         function of rank, step and parameter: nothing to save)."""
         state = {"step": self.cycle.step, "sparsity": self.config.sparsity,
                  "settings": checkpoint_settings(self.config, self.packed_values),
-                 "masks": {name: mask.to(torch.uint8).cpu() for name, mask in self._pruner.masks.items()}}
+                 "masks": {name: mask.to(torch.uint8).cpu() for name, mask in self.pruner.masks.items()}}
         if self.lanes is not None:
             state["ternary"] = {"rank": self._rank, "residuals": self.memory.state_dict()}
         return state
@@ -169,14 +169,14 @@ class PacTrainHookState(PruningReadout, SharedMaskOperations):
 
     def fit_masks(self, masks: dict[str, Any]) -> dict[str, np.ndarray]:
         """Masks (bool or uint8 flags, tensors or arrays) as validated host masks of these parameters."""
-        return self._pruner.validate(host_masks(masks, flags=True))
+        return self.pruner.validate(host_masks(masks, flags=True))
 
     # -- the schedule, around the optimizer's step ---------------------------------------------
     def _install(self, masks: dict[str, np.ndarray]) -> None:
         """Loaded masks: plans and error memory start from them (no remap from the masks they replace)."""
-        self._pruner.install(masks)
-        self._pruner.clear_optimizer_state(self.optimizer.state)
-        self._plans.start_from(self._pruner.masks, self.parameters)
+        self.pruner.install(masks)
+        self.pruner.clear_optimizer_state(self.optimizer.state)
+        self._plans.start_from(self.pruner.masks, self.parameters)
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         # (a step with no gradient sent, nothing to reduce, still checks when due)
@@ -196,8 +196,8 @@ class PacTrainHookState(PruningReadout, SharedMaskOperations):
     def rank_masks(self, step: int, early: bool) -> None:
         """``early``: a schedule that prunes at step 0 ranks before the first bucket is sent, from the weights DDP
         broadcast at its construction; autograd may still read them, so they are zeroed before the update."""
-        self._pruner.update(step, zero_weights=not early)
-        self._pruner.clear_optimizer_state(self.optimizer.state)
+        self.pruner.update(step, zero_weights=not early)
+        self.pruner.clear_optimizer_state(self.optimizer.state)
         self._plans.clear()
         self.weights_unmasked |= early
 
@@ -222,7 +222,7 @@ class PacTrainHookState(PruningReadout, SharedMaskOperations):
 
     def plan(self, bucket: dist.GradBucket) -> BucketPlan:
         """How ``bucket`` travels under the current masks."""
-        return self._plans.of(bucket, self._pruner.masks)
+        return self._plans.of(bucket, self.pruner.masks)
 
     def rounding_noise(self, name: str, count: int, device: torch.device) -> torch.Tensor:
         """Uniform [0, 1) noise for one parameter's survivors, a function of (rank, step, parameter)."""

@@ -112,13 +112,13 @@ def horovod_idiom_step(model, opt, wrap):
 
 def counting_verifications(state) -> list:
     """The schedule steps at which ``state`` ran the Mask Tracker."""
-    steps, verify = [], state._pruner.verify
+    steps, verify = [], state.bound.pruner.verify
 
     def counted(step, *args, **kwargs):
         steps.append(step)
         return verify(step, *args, **kwargs)
 
-    state._pruner.verify = counted
+    state.bound.pruner.verify = counted
     return steps
 
 

@@ -127,7 +127,7 @@ def test_broadcast_masks_gives_every_rank_the_root_masks_and_step():
     if hvd.rank() == 1:  # rank 1 drifts: same counts, other positions, and another step
         masks = {name: mask[::-1].copy() for name, mask in masks.items()}
         opt.set_masks(masks)
-        opt.pactrain_state._step.assign(5)
+        opt.pactrain_state.maintenance.step.assign(5)
     pt.broadcast_masks(opt, root_rank=0)
     for variables in (model.variables, opt.variables):  # weights and momentum drifted with the masks
         hvd.broadcast_variables(list(named(variables).values()), root_rank=0)

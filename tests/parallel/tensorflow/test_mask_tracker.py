@@ -57,7 +57,7 @@ def test_ranks_at_different_schedule_steps_raise_at_the_first_step_on_every_rank
     state = pt.PacTrainState(sparsity=0.5, ranking="layer", begin_step=10, end_step=10)  # nothing due at step 0 but the first check
     if hvd.rank() == 1:  # a checkpoint loaded on one rank, without broadcast_masks
         saved = pt.PacTrainState(sparsity=0.5, ranking="layer", begin_step=10, end_step=10)
-        saved._step.assign(3)
+        saved.maintenance.step.assign(3)
         state.deserialize(saved.serialize())
     with pytest.raises(pt.MaskMismatchError, match=r"schedule position differs \(rank 0: 0, rank 1: 3\)"):
         eager_step(model, state, 0)

@@ -56,8 +56,8 @@ def test_a_step_that_overflows_on_one_rank_is_skipped_by_every_rank(values, pass
     optimizer_state = {f"slot{i}": v for i, v in enumerate(optimizer_variables(model.optimizer))}
     assert all(gathered_equal({**optimizer_state, "step": np.int64(opt.step_count)}).values())
     if values == "ternary":
-        residuals = opt.pactrain_state._ternary.memory.residuals
+        residuals = opt.pactrain_state.bound.quantized.memory.residuals
         assert all(np.isfinite(r.numpy()).all() for r in residuals.values()), "an overflow stayed in the error memory"
-        scales = {name: scale.numpy() for name, scale in opt.pactrain_state._ternary.scales.items()}
+        scales = {name: scale.numpy() for name, scale in opt.pactrain_state.bound.quantized.scales.items()}
         assert all(np.isfinite(scale) and scale > 0 for scale in scales.values()), f"an overflow became a scale: {scales}"
         assert all(gathered_equal(scales).values())

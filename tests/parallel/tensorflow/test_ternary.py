@@ -45,19 +45,19 @@ def test_quantized_gradients_are_the_mean_of_each_ranks_dequantized_codes(op, pa
                              pack_min_numel=1000, optimizer=opt)
     step = tape_step(model, opt, state)
     variables = named(model.trainable_variables)
-    memory = state._ternary.memory
-    assert not gathered_equal({"noise": state._ternary.noise.generator.state})["noise"]  # ranks draw independently
+    memory = state.bound.quantized.memory
+    assert not gathered_equal({"noise": state.bound.quantized.noise.generator.state})["noise"]  # ranks draw independently
     traces = None
     for number in range(5):
         x, y = batch(number)
         local = local_gradients(model, x, y)
         before = {name: residual.numpy() for name, residual in memory.residuals.items()}
-        held = {name: scale.numpy() for name, scale in state._ternary.scales.items()}
-        old_indices = {name: c.surviving_indices.numpy() for name, c in state._compressors.items()}
+        held = {name: scale.numpy() for name, scale in state.bound.quantized.scales.items()}
+        old_indices = {name: c.surviving_indices.numpy() for name, c in state.bound.compressors.items()}
         grads = dict(zip(variables, (g.numpy() for g in step(x, y))))
         traces = traces or step.experimental_get_tracing_count()
         masks, stats = state.masks(), state.stats()
-        packed = sorted(name for name, c in state._compressors.items() if int(c.plan) == PACKED)
+        packed = sorted(name for name, c in state.bound.compressors.items() if int(c.plan) == PACKED)
         large = sorted(n for n, v in variables.items() if v.shape.num_elements() >= 1000)
         assert packed == ([] if number < 2 else large)
         assert stats["values"] == packed_values
@@ -68,7 +68,7 @@ def test_quantized_gradients_are_the_mean_of_each_ranks_dequantized_codes(op, pa
             assert all_true(ok, f"dense.{op}.{number}.{name}"), f"dense tensor {name} at step {number}"
             assert stats["tensors"][name]["sent_bytes"] == 4 * variables[name].shape.num_elements()
         for name in packed:
-            indices, numel = state._compressors[name].surviving_indices.numpy(), variables[name].shape.num_elements()
+            indices, numel = state.bound.compressors[name].surviving_indices.numpy(), variables[name].shape.num_elements()
             residual = remapped(before[name], old_indices[name], indices, numel)
             values = local[name].numpy().reshape(-1)[indices] + residual  # error feedback: last step's error added
             step_max = hvd.allreduce(levels * STEP_OVER_MEAN * tf.reduce_mean(tf.abs(values)), op=hvd.Max,
@@ -77,7 +77,7 @@ def test_quantized_gradients_are_the_mean_of_each_ranks_dequantized_codes(op, pa
             # the first packed step agrees this step's MAX; later steps round at the one held from the step before
             assert np.isnan(held[name]) == (number == 2), (name, number, held[name])
             scale = step_max if np.isnan(held[name]) else held[name]
-            assert state._ternary.scales[name].numpy() == pytest.approx(step_max, rel=1e-6)  # the next step's
+            assert state.bound.quantized.scales[name].numpy() == pytest.approx(step_max, rel=1e-6)  # the next step's
             dequantized = values - memory.residuals[name].numpy()  # what this rank sent: q * step
             step_size = scale / np.float32(levels)
             quantized = np.round(dequantized / step_size)
@@ -186,20 +186,20 @@ def test_checkpoint_carries_this_ranks_error_memory_and_noise():
     for number in range(3):
         step(*batch(number))
     blob = state.serialize()
-    saved = {name: residual.numpy() for name, residual in state._ternary.memory.residuals.items()}
-    noise = state._ternary.noise.generator.state.numpy()
-    scales = {name: scale.numpy() for name, scale in state._ternary.scales.items()}
+    saved = {name: residual.numpy() for name, residual in state.bound.quantized.memory.residuals.items()}
+    noise = state.bound.quantized.noise.generator.state.numpy()
+    scales = {name: scale.numpy() for name, scale in state.bound.quantized.scales.items()}
     assert any(residual.size for residual in saved.values())
     packed_names = [name for name, residual in saved.items() if residual.size]
     assert all(scales[name] > 0 for name in packed_names)
     assert all(gathered_equal({name: scales[name] for name in packed_names}).values())  # every rank holds the same
     step(*batch(3))  # memory and noise move on
-    assert any(not np.array_equal(state._ternary.memory.residuals[n].numpy(), r) for n, r in saved.items() if r.size)
+    assert any(not np.array_equal(state.bound.quantized.memory.residuals[n].numpy(), r) for n, r in saved.items() if r.size)
     state.deserialize(blob)
     for name, residual in saved.items():
-        np.testing.assert_array_equal(state._ternary.memory.residuals[name].numpy(), residual, err_msg=name)
-    np.testing.assert_array_equal(state._ternary.noise.generator.state.numpy(), noise)
-    assert {name: scale.numpy() for name, scale in state._ternary.scales.items()} == pytest.approx(scales, nan_ok=True)
+        np.testing.assert_array_equal(state.bound.quantized.memory.residuals[name].numpy(), residual, err_msg=name)
+    np.testing.assert_array_equal(state.bound.quantized.noise.generator.state.numpy(), noise)
+    assert {name: scale.numpy() for name, scale in state.bound.quantized.scales.items()} == pytest.approx(scales, nan_ok=True)
 
     with np.load(io.BytesIO(blob)) as arrays:
         entries = dict(arrays)
@@ -217,8 +217,8 @@ def test_checkpoint_carries_this_ranks_error_memory_and_noise():
     np.savez(buffer, **entries)
     fresh.deserialize(buffer.getvalue())
     assert all(residual.numpy().size == 0 or not residual.numpy().any()
-               for residual in fresh._ternary.memory.residuals.values())
-    assert {name: scale.numpy() for name, scale in fresh._ternary.scales.items()} == pytest.approx(scales, nan_ok=True)
+               for residual in fresh.bound.quantized.memory.residuals.values())
+    assert {name: scale.numpy() for name, scale in fresh.bound.quantized.scales.items()} == pytest.approx(scales, nan_ok=True)
     buffer = io.BytesIO()
     np.savez(buffer, **dict(entries, ternary_scales=-entries["ternary_scales"]))
     with pytest.raises(pt.CheckpointError, match="ternary scales must be >= 0 and finite"):
@@ -227,5 +227,5 @@ def test_checkpoint_carries_this_ranks_error_memory_and_noise():
     buffer = io.BytesIO()
     np.savez(buffer, **entries)
     fresh.deserialize(buffer.getvalue())
-    assert all(np.isnan(scale.numpy()) for scale in fresh._ternary.scales.values())
+    assert all(np.isnan(scale.numpy()) for scale in fresh.bound.quantized.scales.values())
     assert fresh.step_count == 3

@@ -83,7 +83,7 @@ def test_masks_dict_on_the_keras_optimizer_is_kept_and_packed():
     opt = ptk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), masks=expected, pack_min_numel=0)
     compiled(model, opt)
     fit(model, STEPS, callbacks=[ptk.callbacks.BroadcastGlobalVariablesCallback(0)])
-    assert opt.pactrain_state._pruner.prunable_names == sorted(expected), "only tensors with given masks are prunable"
+    assert opt.pactrain_state.bound.pruner.prunable_names == sorted(expected), "only tensors with given masks are prunable"
     check_masks_kept_and_packed(model, opt, expected)
 
 

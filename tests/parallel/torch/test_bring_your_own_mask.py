@@ -120,7 +120,7 @@ def test_masks_dict_is_kept_and_packed():
     opt = pt.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters(),
                                   masks={n: m.numpy() if n == "fc.bias" else m for n, m in expected.items()},
                                   pack_min_numel=0)
-    assert sorted(opt.pactrain_state._pruner.prunable_names) == sorted(expected), "only tensors with given masks are prunable"
+    assert sorted(opt.pactrain_state.pruner.prunable_names) == sorted(expected), "only tensors with given masks are prunable"
     check_byom_training(model, opt, expected)
 
 

@@ -47,7 +47,7 @@ def test_silent_mask_drift_is_caught_before_the_next_all_reduce():
                                   sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0, verify_every=2)
     step_on(model, opt, 0)
     if hvd.rank() == 1:  # corrupt the packing state itself: same count, other positions
-        opt.pactrain_state._pruner.masks["2.weight"] = opt.pactrain_state._pruner.masks["2.weight"].flip(1).contiguous()
+        opt.pactrain_state.pruner.masks["2.weight"] = opt.pactrain_state.pruner.masks["2.weight"].flip(1).contiguous()
         opt.pactrain_state.rebuild_plan()
     step_on(model, opt, 1)  # not a verification step: drift is not yet looked for
     weights = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -72,8 +72,8 @@ def test_pruned_weights_stay_exactly_zero_without_the_re_zeroing_pass(make_optim
     opt = pt.DistributedOptimizer(make_optimizer(model.parameters()), named_parameters=model.named_parameters(),
                                   sparsity=0.8, ranking="layer", begin_step=0, end_step=4, frequency=2, pack_min_numel=0, verify_every=0)
     passes = []
-    original = opt.pactrain_state._pruner.apply_to_weights
-    monkeypatch.setattr(opt.pactrain_state._pruner, "apply_to_weights", lambda: passes.append(opt.step_count) or original())
+    original = opt.pactrain_state.pruner.apply_to_weights
+    monkeypatch.setattr(opt.pactrain_state.pruner, "apply_to_weights", lambda: passes.append(opt.step_count) or original())
     for step in range(8):
         step_on(model, opt, step)
         for name, mask in opt.masks().items():
@@ -95,7 +95,7 @@ def test_a_check_hashes_a_mask_once_not_at_every_check(monkeypatch):
         step_on(model, opt, step)
     assert len(hashed) == 2 * len(opt.masks()), "once at the mask change, once at the first check of each"
     if hvd.rank() == 1:  # an in-place change of a held mask is hashed again, and caught
-        mask = opt.pactrain_state._pruner.masks["2.weight"]
+        mask = opt.pactrain_state.pruner.masks["2.weight"]
         mask.copy_(mask.flip(1))
         opt.pactrain_state.rebuild_plan()
     with pytest.raises(pt.MaskMismatchError, match=r"'2.weight': ranks \[1\] differ"):

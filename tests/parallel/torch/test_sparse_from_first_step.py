@@ -36,13 +36,13 @@ def one_step(model, opt, step):
 
 
 def counting_verifications(opt) -> list:
-    steps, verify = [], opt.pactrain_state._pruner.verify
+    steps, verify = [], opt.pactrain_state.pruner.verify
 
     def counted(step, *args, **kwargs):
         steps.append(step)
         return verify(step, *args, **kwargs)
 
-    opt.pactrain_state._pruner.verify = counted
+    opt.pactrain_state.pruner.verify = counted
     return steps
 
 
