@@ -16,8 +16,9 @@ from lightning.pytorch.callbacks import Callback
 from torch.nn.parallel import DistributedDataParallel
 
 from pactrain_hvd.core import PacTrainConfig
-from pactrain_hvd.core.config import KEYWORDS, LOCAL_STEP_KEYWORDS, config_arguments
+from pactrain_hvd.core.config import config_arguments
 from pactrain_hvd.core.encodings import packed_values_argument
+from pactrain_hvd.core.keywords import KEYWORDS, LOCAL_STEP_KEYWORDS
 from pactrain_hvd.torch.ddp import PacTrainHookState, pactrain_hook
 
 _NOT_ON_DDP = ("masks", "continue_pruning", "values") + LOCAL_STEP_KEYWORDS  # PacTrainHookState's leave these out

@@ -24,7 +24,7 @@ import torch
 import pactrain_hvd.torch as pt
 from benchmarks.common.models import build, loss_fn, synthetic_batch
 from pactrain_hvd.core import PolynomialSchedule, fingerprint_table, mask_fingerprint
-from pactrain_hvd.core.config import DEFAULT_VERIFY_EVERY
+from pactrain_hvd.core.keywords import DEFAULT_VERIFY_EVERY
 
 
 def verifications_per_run(steps: int, verify_every: int, schedule: PolynomialSchedule) -> int:

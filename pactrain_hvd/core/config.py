@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 import numbers
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pactrain_hvd.core.agreement import WIRE_FORMAT, Setting
+from pactrain_hvd.core.keywords import CONFIG_KEYWORDS, DEFAULT_VERIFY_EVERY
 from pactrain_hvd.core.local_steps import check_local_steps
 from pactrain_hvd.core.masks import DEFAULT_RANKING, RANKINGS  # noqa: F401 (DEFAULT_RANKING: re-exported)
 from pactrain_hvd.core.numeric import plain_number
 from pactrain_hvd.core.plan import DEFAULT_MAX_DENSITY, DEFAULT_MIN_NUMEL
 from pactrain_hvd.core.schedule import DEFAULT_SPARSITY, PolynomialSchedule, schedule_settings, schedule_steps
 
-# Re-proving masks costs one small allgather plus a hash of the surviving positions; every
-# 100 steps it stays far below 1 % of training time (docs/performance.md, "The Mask Tracker's cost").
-DEFAULT_VERIFY_EVERY = 100
 REDUCE_OPS = ("Average", "Sum", "Min", "Max")  # what packing supports: each survivor reduced on its own
 _OTHER_REDUCE_OPS = ("Adasum", "Product")
 
@@ -95,48 +91,6 @@ def scale_factors(averaging: bool, gradient_predivide_factor: float) -> dict[str
     return {"prescale_factor": 1.0 / gradient_predivide_factor, "postscale_factor": gradient_predivide_factor}
 
 
-# PacTrain's keyword arguments, declared once for every façade (``pactrain_keywords``): name -> default.
-# None defers to ``PacTrainConfig.from_arguments`` (0.9 or a schedule object's sparsity, the run's share of the
-# schedule, the plan's constants): a value given is told from the default.
-KEYWORDS: dict[str, Any] = {
-    "sparsity": None, "begin_step": None, "end_step": None, "frequency": None, "total_steps": None,
-    "schedule": None, "prunable": None, "ranking": DEFAULT_RANKING, "pack_min_numel": None, "pack_max_density": None,
-    "verify_every": DEFAULT_VERIFY_EVERY, "packed_values": "inherit", "masks": None, "continue_pruning": False,
-    "resume_changed_settings": False, "values": None, "rescale_survivors": False,
-    "sync_every": 1, "outer_lr": 0.7, "outer_momentum": 0.9,
-}
-CONFIG_KEYWORDS = ("sparsity", "begin_step", "end_step", "frequency", "total_steps", "schedule", "ranking",
-                   "pack_min_numel", "pack_max_density", "verify_every", "resume_changed_settings", "rescale_survivors",
-                   "sync_every", "outer_lr", "outer_momentum")
-# Local steps with an outer sync (``core.local_steps``): so far the torch DistributedOptimizer's alone.
-LOCAL_STEP_KEYWORDS = ("sync_every", "outer_lr", "outer_momentum")
-
-
-def pactrain_keywords(*, without: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
-    """Decorator for a façade whose last parameter is ``**pactrain``: it takes ``KEYWORDS`` (less ``without``) as
-    keyword-only arguments with their defaults, and its signature says so (``help``, ``inspect.signature``).
-    Any other keyword is a ``TypeError`` naming it, as for a plain signature; the function receives every
-    one of them in ``pactrain``, defaults filled in."""
-    names = [name for name in KEYWORDS if name not in without]
-
-    def decorate(function: Callable) -> Callable:
-        signature = inspect.signature(function)
-        own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-        declared = signature.replace(parameters=own + [
-            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=KEYWORDS[name]) for name in names])
-
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            bound = declared.bind(*args, **kwargs)  # refuses unknown or doubled arguments, naming them
-            pactrain = {name: bound.arguments.pop(name, KEYWORDS[name]) for name in names}
-            return function(*bound.args, **bound.kwargs, **pactrain)
-
-        wrapper.__signature__ = declared
-        return wrapper
-
-    return decorate
-
-
 def config_arguments(pactrain: dict[str, Any]) -> dict[str, Any]:
     """The part of ``pactrain`` that ``PacTrainConfig.from_arguments`` reads."""
     return {name: pactrain[name] for name in CONFIG_KEYWORDS if name in pactrain}
@@ -144,6 +98,30 @@ def config_arguments(pactrain: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class PacTrainConfig:
+    """PacTrain's settings, shared by both frontends (which build it with ``from_arguments``).
+
+    Every field is checked on construction (``TypeError`` or ``ValueError`` naming it); numpy scalars and 0-d
+    tensors are read as the Python numbers they hold. ``schedule`` is the pruning schedule the fields describe.
+
+    Attributes:
+        sparsity: final fraction of coordinates to prune, in [0, 1).
+        begin_step: the schedule's first mask update.
+        end_step: the schedule's last mask update; masks are frozen after it.
+        frequency: steps between mask updates.
+        ranking: how ``sparsity`` is spread over tensors: ``"layer"``, ``"erk"`` or ``"global"`` (``magnitude_masks``).
+        pack_min_numel: smallest tensor sent packed (``should_pack``), >= 0.
+        pack_max_density: largest surviving fraction sent packed, in (0, 1].
+        verify_every: steps between periodic Mask Tracker checks (0: only at mask changes).
+        total_steps: the run's length the schedule's steps were derived from, if given (for messages).
+        resume_changed_settings: load a checkpoint saved under other settings, with a warning, instead of refusing it.
+        initial_sparsity: the schedule's sparsity at ``begin_step`` (a schedule object's).
+        power: the schedule's ramp exponent (3: cubic).
+        rescale_survivors: survivors of a fresh model pruned at step 0 take their tensor's norm (``survivor_scales``).
+        sync_every: ranks step on their own gradients and sync every ``sync_every`` steps (``core.local_steps``).
+        outer_lr: learning rate of the outer Nesterov step taken at each sync (> 0).
+        outer_momentum: momentum of that outer step, in [0, 1).
+    """
+
     sparsity: float = 0.9
     begin_step: int = 0
     end_step: int = 1000
@@ -156,10 +134,7 @@ class PacTrainConfig:
     resume_changed_settings: bool = False  # load a checkpoint saved under other settings (core.resume)
     initial_sparsity: float = 0.0  # the schedule's sparsity at begin_step (a schedule object's)
     power: int = 3
-    # A fresh model pruned before its first update: survivors take their tensor's norm (core.survivor_scales).
     rescale_survivors: bool = False
-    # Local steps: ranks step on their own gradients and average their progress every ``sync_every`` steps,
-    # taking an outer Nesterov step of ``outer_lr`` and ``outer_momentum`` (core.local_steps). 1: every step.
     sync_every: int = 1
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
@@ -202,10 +177,11 @@ class PacTrainConfig:
     def from_arguments(cls, pack_min_numel: int | None = None, pack_max_density: float | None = None,
                        total_steps: int | None = None, begin_step: int | None = None, end_step: int | None = None,
                        frequency: int | None = None, schedule: Any = None, **settings: Any) -> PacTrainConfig:
-        """The frontends' arguments, where ``None`` means the default: for ``sparsity`` 0.9 (a schedule
-        object's own), for a plan threshold its constant, for the schedule's steps the run's share (``schedule_steps``). ``schedule``: a schedule
-        object (``core.schedule.ConstantSparsity``, ``PolynomialDecay``, ``PolynomialSchedule``) in place of
-        ``total_steps``, ``begin_step``, ``end_step`` and ``frequency`` (``schedule_settings``)."""
+        """The frontends' arguments, where ``None`` means the default: for ``sparsity`` 0.9 (a schedule object's
+        own), for a plan threshold its constant, for the schedule's steps the run's share (``schedule_steps``).
+        ``schedule``: a schedule object (``core.schedule.ConstantSparsity``, ``PolynomialDecay``,
+        ``PolynomialSchedule``) in place of ``total_steps``, ``begin_step``, ``end_step`` and ``frequency``
+        (``schedule_settings``)."""
         plan = {k: v for k, v in (("pack_min_numel", pack_min_numel), ("pack_max_density", pack_max_density))
                 if v is not None}
         total_steps = plain_number(total_steps)
@@ -221,6 +197,7 @@ class PacTrainConfig:
 
     @functools.cached_property  # read at every step; the config is frozen, so built once
     def schedule(self) -> PolynomialSchedule:
+        """The ``PolynomialSchedule`` these settings describe."""
         return PolynomialSchedule(
             final_sparsity=float(self.sparsity),
             begin_step=self.begin_step,

@@ -38,10 +38,17 @@ def _signed(value: int) -> int:
 
 
 def mask_fingerprint(mask: np.ndarray) -> tuple[int, int]:
-    """(surviving count, order-free hash of the surviving flat positions); hash 0 when nothing is pruned.
+    """Fingerprint of one mask: its surviving count and an order-free hash of where the survivors are.
 
     Masks with the same count at different positions get different hashes
     (splitmix64-style mixing of each position, summed mod 2**64).
+
+    Args:
+        mask: boolean (or truthy) mask of any shape, True where a weight survives.
+
+    Returns:
+        ``(surviving count, hash of the surviving flat positions as a signed int64)``; hash 0 when nothing
+        is pruned.
     """
     flat = np.asarray(mask).ravel()
     positions = np.flatnonzero(flat).astype(np.uint64)
@@ -74,13 +81,21 @@ def fingerprint_table(
     settings: Mapping[str, Setting] | None = None,
     not_finite: Sequence[str] = (),
 ) -> np.ndarray:
-    """This rank's table, shape ``(2 + len(prunable) + len(settings), 3)``, int64.
+    """This rank's fingerprint table, which ranks allgather and compare with ``check_fingerprints``.
 
-    ``prunable``: ``{name: numel}`` of every prunable tensor; ``fingerprints``: ``mask_fingerprint`` of
-    each mask held (a missing one counts as all kept; frontends may cache them per mask); ``weight_sums``:
-    ``{name: float}`` summarising the weights the masks were ranked on (only used to explain a disagreement);
-    ``settings``: what every rank must share (``core.agreement``); ``not_finite``: tensors whose weights
-    held NaN or inf when masks were to be ranked on them.
+    Args:
+        prunable: ``{name: numel}`` of every prunable tensor.
+        fingerprints: ``mask_fingerprint`` of each mask held (a missing one counts as all kept; frontends may
+            cache them per mask).
+        step: the schedule step the masks belong to.
+        weight_sums: ``{name: float}`` summarising the weights the masks were ranked on (only used to explain
+            a disagreement); missing names count as 0.0.
+        settings: what every rank must share (``core.agreement``).
+        not_finite: tensors whose weights held NaN or inf when masks were to be ranked on them.
+
+    Returns:
+        int64 array of shape ``(2 + len(prunable) + len(settings), 3)``: header rows, one row per prunable
+        name in sorted order, then the settings' rows.
     """
     names = sorted(prunable)
     weight_sums = weight_sums or {}
@@ -106,7 +121,16 @@ def _split_tables(gathered: np.ndarray, world_size: int) -> list[tuple[np.ndarra
 
 
 def describe_mismatches(names: Sequence[str], tables: Sequence[np.ndarray]) -> list[str]:
-    """Given every rank's table (same names), list the tensors whose masks disagree."""
+    """List the tensors whose masks disagree across ranks.
+
+    Args:
+        names: the prunable names, in the (sorted) order of the tables' rows.
+        tables: every rank's table (header and tensor rows), in rank order, all for the same names.
+
+    Returns:
+        One message per disagreeing tensor, naming the ranks that differ from rank 0 and each rank's
+        surviving count; empty when all masks agree.
+    """
     problems = []
     for index, name in enumerate(names, start=_HEADER_ROWS):
         per_rank = [tuple(int(x) for x in table[index, :2]) for table in tables]
@@ -132,11 +156,20 @@ def check_fingerprints(names: Sequence[str], gathered: np.ndarray, world_size: i
     """Raise on any disagreement, with its most likely cause; every rank holds the same ``gathered``, so
     every rank raises the same error.
 
-    In order: ranks prune different sets of tensors or hold different ``settings``
-    (``SettingsMismatchError``); weights held NaN or inf at a mask update (``NonFiniteWeightsError``);
-    masks or the schedule position differ (``MaskMismatchError``, naming what differs and, when the
-    weights differ too, the likely cause: ranks never given one rank's weights; else ``hint``: how to
-    share masks).
+    Args:
+        names: the prunable names (any order).
+        gathered: every rank's ``fingerprint_table``, concatenated in rank order (Horovod's allgather).
+        world_size: number of ranks whose tables ``gathered`` holds.
+        frontend: ``"torch"`` or ``"tensorflow"``; picks how the message says to broadcast weights.
+        hint: how to share masks, appended when masks differ while the weights agree.
+        settings: what every rank must share (``core.agreement``), checked against the other ranks' rows.
+
+    Raises:
+        MaskMismatchError: ranks prune different sets of tensors, or masks or the schedule position differ
+            (naming what differs and, when the weights differ too, the likely cause: ranks never given one
+            rank's weights; else ``hint``).
+        SettingsMismatchError: ranks hold different ``settings``.
+        NonFiniteWeightsError: weights held NaN or inf at a mask update.
     """
     names = sorted(names)
     split = _split_tables(gathered, world_size)

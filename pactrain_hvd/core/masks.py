@@ -18,7 +18,15 @@ DEFAULT_RANKING = "erk"
 
 
 def num_to_keep(numel: int, sparsity: float) -> int:
-    """Surviving coordinates of a tensor at ``sparsity``: round(numel * (1 - s)), at least 1."""
+    """Surviving coordinates of a tensor at ``sparsity``.
+
+    Args:
+        numel: number of coordinates of the tensor.
+        sparsity: fraction of coordinates to prune, 0 <= s < 1.
+
+    Returns:
+        ``round(numel * (1 - sparsity))``, at least 1; 0 for an empty tensor.
+    """
     if numel == 0:
         return 0
     return max(1, int(round(numel * (1.0 - sparsity))))
@@ -47,9 +55,18 @@ def _top_mask(scores: np.ndarray, keep: int) -> np.ndarray:
 
 
 def erk_sparsities(shapes: Mapping[str, tuple[int, ...]], sparsity: float) -> dict[str, float]:
-    """Per-tensor sparsities of the Erdős-Rényi-Kernel rule (Evci et al. 2020, RigL): density
-    proportional to ``sum(shape) / prod(shape)``, scaled so that the tensors together reach
-    ``sparsity``; a tensor whose density would pass 1 stays dense and the rest make up for it."""
+    """Per-tensor sparsities of the Erdős-Rényi-Kernel rule (Evci et al. 2020, RigL).
+
+    Density is proportional to ``sum(shape) / prod(shape)``, scaled so that the tensors together reach
+    ``sparsity``; a tensor whose density would pass 1 stays dense and the rest make up for it.
+
+    Args:
+        shapes: name -> tensor shape.
+        sparsity: overall fraction of coordinates to prune, 0 <= s < 1.
+
+    Returns:
+        name -> that tensor's sparsity (0.0 for tensors kept dense and for empty ones).
+    """
     sizes = {name: int(np.prod(shape)) for name, shape in shapes.items()}
     weights = {name: sum(shape) / sizes[name] for name, shape in shapes.items() if sizes[name]}
     dense: set[str] = set()
@@ -65,7 +82,14 @@ def erk_sparsities(shapes: Mapping[str, tuple[int, ...]], sparsity: float) -> di
 
 
 def not_finite(weights: Mapping[str, Any]) -> list[str]:
-    """Names of the tensors holding NaN or inf: magnitudes cannot rank them."""
+    """Names of the tensors holding NaN or inf: magnitudes cannot rank them.
+
+    Args:
+        weights: name -> weight array (anything ``np.asarray`` takes).
+
+    Returns:
+        The names whose weights are not all finite, in ``weights``' order.
+    """
     return [name for name, w in weights.items() if not np.isfinite(np.asarray(w)).all()]
 
 
@@ -77,10 +101,20 @@ def magnitude_masks(
 ) -> dict[str, np.ndarray]:
     """Boolean masks keeping the largest-magnitude weights.
 
-    ``ranking="layer"`` keeps ``num_to_keep`` per tensor; ``"erk"`` the same at each tensor's
-    ``erk_sparsities`` share; ``"global"`` ranks all tensors together (each still keeps at least
-    one coordinate). A coordinate pruned in ``previous`` stays pruned. Weights holding NaN or inf raise
-    ``NonFiniteWeightsError`` naming them.
+    Args:
+        weights: name -> weight array.
+        sparsity: target fraction of coordinates to prune, 0 <= s < 1.
+        previous: name -> earlier mask; a coordinate pruned there stays pruned.
+        ranking: ``"layer"`` keeps ``num_to_keep`` per tensor; ``"erk"`` the same at each tensor's
+            ``erk_sparsities`` share; ``"global"`` ranks all tensors together (each still keeps at least
+            one coordinate).
+
+    Returns:
+        name -> bool mask of the weight's shape, True where a weight survives.
+
+    Raises:
+        ValueError: ``ranking`` is not one of ``"layer"``, ``"erk"``, ``"global"``.
+        NonFiniteWeightsError: weights hold NaN or inf (the message names them).
     """
     if ranking not in RANKINGS:
         raise ValueError(f"ranking must be one of {', '.join(map(repr, RANKINGS))}, got {ranking!r}")
@@ -109,12 +143,19 @@ def magnitude_masks(
 
 
 def survivor_scales(weights: Mapping[str, np.ndarray], masks: Mapping[str, np.ndarray]) -> dict[str, float]:
-    """Per masked tensor, the factor that gives its survivors the tensor's whole norm:
-    ``sqrt(sum(w**2) / sum((w * mask)**2))`` (1 where nothing is pruned or no survivor is nonzero).
+    """Per masked tensor, the factor that gives its survivors the tensor's whole norm.
 
     Applied once to a freshly initialised model pruned before its first update, it keeps each layer's output
     at the scale its initialiser chose: the largest 5 % of a uniform initialisation hold about 14 % of its
     squared norm, so at sparsity 0.95 a pruned layer's outputs would start 2.6x smaller.
+
+    Args:
+        weights: name -> weight array (at least every name of ``masks``).
+        masks: name -> bool mask of that weight's shape.
+
+    Returns:
+        name of each mask -> ``sqrt(sum(w**2) / sum((w * mask)**2))`` (1.0 where nothing is pruned or no
+        survivor is nonzero).
     """
     scales = {}
     for name, mask in masks.items():
@@ -126,7 +167,20 @@ def survivor_scales(weights: Mapping[str, np.ndarray], masks: Mapping[str, np.nd
 
 
 def validate_mask(name: str, mask: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """Check a user- or checkpoint-supplied mask; return it as a bool array."""
+    """Check a user- or checkpoint-supplied mask.
+
+    Args:
+        name: the tensor's name, for messages.
+        mask: the mask to check (anything ``np.asarray`` takes).
+        shape: the tensor's shape.
+
+    Returns:
+        The mask as a bool array, unchanged.
+
+    Raises:
+        TypeError: the mask's dtype is not bool.
+        ValueError: its shape differs from ``shape``, or it prunes every coordinate of a non-empty tensor.
+    """
     mask = np.asarray(mask)
     if mask.dtype != np.bool_:
         raise TypeError(f"mask for {name!r} must have dtype bool, got {mask.dtype}")
@@ -138,8 +192,19 @@ def validate_mask(name: str, mask: np.ndarray, shape: tuple[int, ...]) -> np.nda
 
 
 def validate_masks(masks: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]], kind: str) -> dict[str, np.ndarray]:
-    """Given masks checked against the prunable tensors' ``shapes`` (``kind``: "parameters" or
-    "variables", for the message); bool arrays back, nothing changed."""
+    """Check given masks against the prunable tensors, each as ``validate_mask`` does (raising as it does).
+
+    Args:
+        masks: name -> mask, for some or all of the prunable tensors.
+        shapes: name -> shape of every prunable tensor.
+        kind: ``"parameters"`` or ``"variables"``, for the message.
+
+    Returns:
+        name -> the mask as a bool array, nothing changed.
+
+    Raises:
+        ValueError: a mask is given for a name not in ``shapes``.
+    """
     unknown = sorted(set(masks) - set(shapes))
     if unknown:
         raise ValueError(f"masks given for {kind} that are not prunable here: {', '.join(unknown)}")
@@ -147,14 +212,33 @@ def validate_masks(masks: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...
 
 
 def overall_sparsity(numels: Mapping[str, int], kept: Mapping[str, int]) -> float:
-    """Fraction of pruned coordinates over the tensors of ``numels``; one missing from ``kept`` keeps all."""
+    """Fraction of pruned coordinates over several tensors.
+
+    Args:
+        numels: name -> number of coordinates, for every tensor counted.
+        kept: name -> surviving coordinates; a name missing here keeps all of its coordinates.
+
+    Returns:
+        ``1 - sum(kept) / sum(numels)``; 0.0 when the tensors hold no coordinates.
+    """
     total = sum(numels.values())
     return 1.0 - sum(kept.get(name, numel) for name, numel in numels.items()) / total if total else 0.0
 
 
 def prunable_predicate(prunable: Callable[[str, Any], bool] | Iterable[str] | None,
                        default: Callable[[str, Any], bool]) -> Callable[[str, Any], bool]:
-    """``prunable`` as a predicate ``(name, tensor) -> bool``: itself, glob patterns on names, or ``default``."""
+    """``prunable`` as a predicate ``(name, tensor) -> bool``.
+
+    Args:
+        prunable: a predicate ``(name, tensor) -> bool``, glob patterns on names (not a single string), or None.
+        default: the predicate to use when ``prunable`` is None.
+
+    Returns:
+        ``prunable`` itself when callable, a predicate matching names against its patterns, or ``default``.
+
+    Raises:
+        TypeError: ``prunable`` is a single string, not iterable, or holds a pattern that is not a string.
+    """
     if prunable is None:
         return default
     if callable(prunable):
@@ -180,8 +264,24 @@ def prunable_patterns(prunable: Any) -> list[str]:
 
 def select_prunable_names(named: Mapping[str, Any], prunable: Callable[[str, Any], bool] | Iterable[str] | None,
                           default: Callable[[str, Any], bool], trainable: Callable[[Any], bool]) -> list[str]:
-    """The trainable names of ``named`` to prune, by predicate, glob patterns or ``default``. A pattern that matches
-    no name is an error naming it: a misspelt pattern would otherwise prune nothing, silently."""
+    """The trainable names of ``named`` to prune, by predicate, glob patterns or ``default``.
+
+    A pattern that matches no name is an error naming it: a misspelt pattern would otherwise prune nothing,
+    silently.
+
+    Args:
+        named: name -> tensor, e.g. a model's named parameters.
+        prunable: a predicate ``(name, tensor) -> bool``, glob patterns on names, or None for ``default``.
+        default: the predicate used when ``prunable`` is None.
+        trainable: ``tensor -> bool``; only tensors it accepts are pruned.
+
+    Returns:
+        The names to prune, in ``named``'s order.
+
+    Raises:
+        ValueError: a pattern matches no name of ``named``.
+        TypeError: ``prunable`` is neither a predicate nor an iterable of string patterns.
+    """
     if prunable is not None and not callable(prunable):
         prunable = prunable_patterns(prunable)  # read once: an iterator would be spent by the check below
         unmatched = [pattern for pattern in prunable

@@ -11,5 +11,15 @@ DEFAULT_MAX_DENSITY = 0.75
 
 
 def should_pack(numel: int, kept: int, min_numel: int = DEFAULT_MIN_NUMEL, max_density: float = DEFAULT_MAX_DENSITY) -> bool:
-    """Pack a tensor when it is large enough and sparse enough for packing to pay."""
+    """Pack a tensor when it is large enough and sparse enough for packing to pay.
+
+    Args:
+        numel: number of coordinates of the tensor.
+        kept: its surviving coordinates under the mask.
+        min_numel: smallest tensor worth packing.
+        max_density: largest surviving fraction ``kept / numel`` worth packing.
+
+    Returns:
+        True when ``numel >= min_numel`` (and > 0) and ``kept / numel <= max_density``.
+    """
     return numel >= min_numel and numel > 0 and kept / numel <= max_density

@@ -22,7 +22,14 @@ def check_saved_world_size(saved: object, current: int) -> None:
     Masks and schedule position are the same on every rank and independent of the number of
     ranks, so Horovod's usual resume-on-another-size (elastic training) stays legitimate; only the
     user's own choices may depend on it (learning rate or batch scaled by ``hvd.size()``).
-    ``saved`` is None for checkpoints written before the world size was recorded.
+
+    Args:
+        saved: the world size recorded in the checkpoint; None for checkpoints written before it was recorded
+            (nothing is checked).
+        current: the world size the checkpoint is loaded under.
+
+    Raises:
+        CheckpointError: ``saved`` is neither None nor an int >= 1.
     """
     if saved is None:
         return
@@ -35,8 +42,16 @@ def check_saved_world_size(saved: object, current: int) -> None:
 
 
 def while_running(query: Callable[[], int]) -> int | None:
-    """``query()`` (a Horovod process set's ``rank`` or ``size``), or None while Horovod is down:
-    an elastic restore runs between a failure and the re-init."""
+    """Ask Horovod ``query()``, tolerating the gap in which Horovod is down.
+
+    An elastic restore runs between a failure and the re-init, when Horovod's queries raise.
+
+    Args:
+        query: a Horovod process set's ``rank`` or ``size`` (any zero-argument callable).
+
+    Returns:
+        ``query()``, or None when it raised ``ValueError`` or ``RuntimeError`` (Horovod is down).
+    """
     try:
         return query()
     except (ValueError, RuntimeError):
@@ -45,8 +60,17 @@ def while_running(query: Callable[[], int]) -> int | None:
 
 def saved_by_this_rank(saved_rank: int, rank: Callable[[], int], holds_state: bool = True) -> bool:
     """Whether per-rank state (quantized values' error memory, rounding noise) saved by ``saved_rank`` is this
-    process's: the same rank, or any while Horovod is down (an elastic rollback restores its own). Where it is
-    another rank's and ``holds_state`` (the run has stepped: not the start-up broadcast of a fresh run), an ``InexactResumeWarning`` says so: this rank resumes without its own."""
+    process's: the same rank, or any while Horovod is down (an elastic rollback restores its own).
+
+    Args:
+        saved_rank: the rank that saved the state.
+        rank: returns this process's rank (e.g. a process set's ``rank``); may raise while Horovod is down.
+        holds_state: whether the run has stepped (not the start-up broadcast of a fresh run); where the state is
+            another rank's, an ``InexactResumeWarning`` then says this rank resumes without its own.
+
+    Returns:
+        True where the state is this process's to restore, False where it is another rank's.
+    """
     current = while_running(rank)
     if current is None or current == saved_rank:
         return True

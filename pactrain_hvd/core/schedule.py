@@ -16,6 +16,14 @@ class PolynomialSchedule:
 
     Masks are recomputed at ``begin_step``, every ``frequency`` steps after it, and at
     ``end_step``; after ``end_step`` they are frozen. ``begin_step == end_step`` prunes once.
+
+    Attributes:
+        final_sparsity: s_f, the sparsity from ``end_step`` on, in [0, 1); 0 never prunes.
+        begin_step: t0, the first mask update (>= 0).
+        end_step: t1, the last mask update (>= ``begin_step``).
+        frequency: steps between mask updates (> 0).
+        initial_sparsity: s_i, the sparsity at ``begin_step``, in [0, 1).
+        power: the ramp's exponent (>= 1; 3 is cubic).
     """
 
     final_sparsity: float
@@ -83,8 +91,14 @@ class ConstantSparsity:
     weights every rank holds by then (after the usual broadcast from the root), so no step sends a
     prunable tensor dense. For a freshly initialised model, magnitude at initialisation with ``ranking="erk"``
     shares is random pruning at Erdős-Rényi-Kernel densities; for a pretrained one it keeps the largest
-    weights. ``end_step`` (default: ``begin_step``, rank once and keep the masks) with ``frequency``
-    re-ranks at the same sparsity every ``frequency`` steps up to ``end_step``.
+    weights.
+
+    Attributes:
+        sparsity: fraction of coordinates to prune, in [0, 1).
+        begin_step: the step the masks are first ranked at.
+        end_step: re-rank at the same sparsity every ``frequency`` steps up to this step; None (the default)
+            is ``begin_step``: rank once and keep the masks.
+        frequency: steps between re-rankings up to ``end_step``.
 
     Example::
 
@@ -118,6 +132,14 @@ class PolynomialDecay:
     step's density (``short_ramp`` builds one). ``initial_sparsity >= 1 - pack_max_density`` (0.25 with
     the default plan) packs every large prunable tensor from step 0.
 
+    Attributes:
+        initial_sparsity: sparsity of the masks ranked at ``begin_step``, in [0, 1).
+        final_sparsity: sparsity from ``end_step`` on, in [0, 1).
+        begin_step: the first mask update.
+        end_step: the last mask update (>= ``begin_step``); the masks are frozen after it.
+        power: the ramp's exponent (3: cubic, as in Zhu & Gupta 2017).
+        frequency: steps between mask updates.
+
     Example::
 
         >>> schedule = PolynomialDecay(initial_sparsity=0.5, final_sparsity=0.95, begin_step=0, end_step=200,
@@ -135,6 +157,7 @@ class PolynomialDecay:
         self.polynomial()  # validates
 
     def polynomial(self) -> PolynomialSchedule:
+        """The same schedule as a ``PolynomialSchedule``."""
         return PolynomialSchedule(final_sparsity=_fraction("final_sparsity", self.final_sparsity),
                                   begin_step=self.begin_step, end_step=self.end_step, frequency=self.frequency,
                                   initial_sparsity=_fraction("initial_sparsity", self.initial_sparsity),
@@ -142,8 +165,20 @@ class PolynomialDecay:
 
 
 def short_ramp(final_sparsity: float, steps: int, initial_sparsity: float = 0.5, power: int = 3) -> PolynomialDecay:
-    """Packed from step 0 at ``initial_sparsity``, masks re-ranked at every step of a ``steps``-step cubic ramp
-    to ``final_sparsity``: every step sends survivors at that step's density."""
+    """A ramp packed from step 0, masks re-ranked at every step: every step sends survivors at its own density.
+
+    Args:
+        final_sparsity: sparsity at the end of the ramp and after it, in [0, 1).
+        steps: the ramp's length in optimizer steps (an int >= 0).
+        initial_sparsity: sparsity of step 0's masks, in [0, 1).
+        power: the ramp's exponent (3: cubic).
+
+    Returns:
+        ``PolynomialDecay`` from ``initial_sparsity`` at step 0 to ``final_sparsity`` at ``steps``, ``frequency=1``.
+
+    Raises:
+        ValueError: ``steps`` is not an int >= 0, or a sparsity is outside [0, 1).
+    """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps must be an int >= 0 (the ramp's length in optimizer steps), got {steps!r}")
     return PolynomialDecay(initial_sparsity=initial_sparsity, final_sparsity=final_sparsity, begin_step=0,
@@ -222,8 +257,17 @@ def rewound_cosine(schedule: PolynomialSchedule, total_steps: int) -> Callable[[
     Until ``schedule.end_step`` it is plain cosine; from there a second cosine runs from the factor the
     run had at ``schedule.begin_step`` down to 0 at ``total_steps``, so the pruned network trains again at
     a high rate (learning-rate rewinding, Renda et al. 2020, fitted into the same steps). With nothing to
-    prune, or no step left after the last mask change, it is plain cosine. A plain function of the step
-    (framework-free): torch's ``LambdaLR`` takes it as it is.
+    prune, or no step left after the last mask change, it is plain cosine.
+
+    Args:
+        schedule: the pruning schedule (its ``begin_step``, ``end_step`` and ``final_sparsity`` are read).
+        total_steps: the run's optimizer steps (a positive int).
+
+    Returns:
+        A plain function ``step -> factor`` in [0, 1] (framework-free): torch's ``LambdaLR`` takes it as it is.
+
+    Raises:
+        ValueError: ``total_steps`` is not a positive int.
     """
     if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps <= 0:
         raise ValueError(f"total_steps must be a positive int (the run's optimizer steps), got {total_steps!r}")

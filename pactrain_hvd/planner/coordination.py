@@ -33,8 +33,12 @@ from pactrain_hvd.planner.step_model import HorovodConfig, Link, StepPlan, StepP
 
 @dataclass(frozen=True)
 class Coordination:
-    """Bytes a worker sends besides the gradients: ``bytes_per_cycle`` each cycle its background loop is not
-    running a collective, ``bytes_per_step`` once a step."""
+    """Bytes a worker sends besides the gradients (see the module's docstring).
+
+    Attributes:
+        bytes_per_cycle: bytes sent each cycle the background loop is not running a collective (>= 0).
+        bytes_per_step: bytes sent once a step, whatever the cycle (>= 0).
+    """
 
     bytes_per_cycle: float = 0.0
     bytes_per_step: float = 0.0

@@ -53,16 +53,26 @@ def metric_direction(metric: str) -> bool | None:
 
 @dataclass(frozen=True)
 class Curve:
-    """``points``: (step, metric) in step order."""
+    """One method's accuracy curve.
+
+    Attributes:
+        method: the method's name as the file gives it.
+        points: (optimizer step, metric) pairs in step order.
+        metric: name of the held-out metric.
+        higher_is_better: whether a higher metric is better.
+        workers: workers the curve was measured on (None: not given).
+        complete: False where the run stopped before its planned steps (a wall-clock budget).
+    """
 
     method: str
     points: tuple[tuple[int, float], ...]
     metric: str = "metric"
     higher_is_better: bool = True
     workers: int | None = None
-    complete: bool = True  # False: a run stopped before its planned steps (a wall-clock budget)
+    complete: bool = True
 
     def reaches(self, value: float, target: float) -> bool:
+        """Whether a metric of ``value`` meets ``target`` (in the curve's direction)."""
         return value >= target if self.higher_is_better else value <= target
 
     def steps_to(self, target: float) -> int | None:
@@ -71,19 +81,29 @@ class Curve:
 
     @property
     def final(self) -> float:
+        """The metric at the curve's last step."""
         return self.points[-1][1]
 
 
 @dataclass(frozen=True)
 class Curves:
-    """Curves by planner method name (``parse_method(...).name``), and the target, if the file sets one."""
+    """The curves of one file, by planner method name.
+
+    Attributes:
+        by_method: each method's curve, keyed by ``parse_method(...).name``.
+        target: the metric to reach, where the file sets one (else None).
+        source: where the curves come from (the file, and the record's cell).
+        metric: name of the held-out metric.
+        higher_is_better: whether a higher metric is better.
+        workers: workers the curves were measured on, where the file says (else None).
+    """
 
     by_method: dict[str, Curve]
     target: float | None
     source: str
     metric: str = "metric"
     higher_is_better: bool = True
-    workers: int | None = None  # the workers the curves were measured on, where the file says
+    workers: int | None = None
 
     def best_final(self, methods: list[str] | None = None) -> tuple[str, float]:
         """(method, final metric) of the curve that ends best, among ``methods`` where given."""
@@ -118,7 +138,18 @@ def _add(found: dict[str, Curve], name: str, curve: Curve) -> None:
 
 
 def load_curves(path: str | Path, cell: str | None = None) -> Curves:
-    """Read a curve file (either format above); errors name ``--curve`` / ``--cell`` and say what is wrong."""
+    """Read a curve file in either format above.
+
+    Args:
+        path: the JSON file (the planner's format or a benchmark record).
+        cell: the record's cell to read; needed only where a record holds several (ignored in the planner's format).
+
+    Returns:
+        The file's curves, keyed by planner method name (runs of methods the planner does not model are skipped).
+
+    Raises:
+        ValueError: the file is missing, malformed or ambiguous; the message names ``--curve`` / ``--cell``.
+    """
     path = Path(path)
     try:
         document = json.loads(path.read_text())

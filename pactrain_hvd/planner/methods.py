@@ -45,7 +45,17 @@ PACKED_VALUES = {"fp32": "inherit", "fp16": "fp16", "bf16": "bf16", "ternary": "
 
 @dataclass(frozen=True)
 class Method:
-    """One way to reduce gradients. ``values``: how PacTrain's packed values travel."""
+    """One way to reduce gradients (``parse_method`` builds it from a name).
+
+    Attributes:
+        name: the canonical name, e.g. ``"pactrain-0.9-fp16"`` (a record's window and rescaling suffixes dropped).
+        kind: one of ``dense``, ``fp16``, ``topk``, ``powersgd``, ``pactrain`` (DiLoCo: ``dense`` or ``fp16``).
+        sparsity: PacTrain's fraction of each prunable tensor pruned, in [0, 1).
+        values: how PacTrain's packed values travel: ``fp32``, ``fp16``, ``bf16``, ``ternary`` or ``int3``.
+        density: Top-k's fraction of each tensor's elements sent, in (0, 1].
+        rank: PowerSGD's rank.
+        sync_every: local steps: one sync of the weights every this many steps (1: every step).
+    """
 
     name: str
     kind: str
@@ -53,7 +63,7 @@ class Method:
     values: str = "fp32"
     density: float = DEFAULT_TOPK_DENSITY
     rank: int = DEFAULT_POWERSGD_RANK
-    sync_every: int = 1  # local steps: one sync of the weights every this many steps
+    sync_every: int = 1
 
     @property
     def packed_values(self) -> str:
@@ -75,6 +85,7 @@ class Method:
         return self.kind in ("dense", "fp16", "powersgd") or (self.kind == "pactrain" and not self.levels)
 
     def describe(self) -> str:
+        """A short description for the planner's table, e.g. ``"PacTrain 0.9, fp16 values"``."""
         if self.sync_every > 1:
             what = f"PacTrain {self.sparsity:g}, {self.values} values" if self.kind == "pactrain" else (
                 f"DiLoCo, {'fp16' if self.kind == 'fp16' else 'fp32'} values")
@@ -91,11 +102,21 @@ class Method:
 
 
 def parse_method(name: str) -> Method:
-    """``"pactrain-0.9-fp16"`` -> ``Method(kind="pactrain", sparsity=0.9, values="fp16")``; a clear error otherwise.
+    """Parse a method name: ``"pactrain-0.9-fp16"`` -> ``Method(kind="pactrain", sparsity=0.9, values="fp16")``.
 
     A benchmark record's pruning-window, train-alike and rescaling suffixes (``-w0-0.3``, ``-ramp50``, ``-local40``,
     ``-rescale``) are ignored: they change when the masks arrive and what the survivors start from, not the bytes of
     the steady state the planner predicts.
+
+    Args:
+        name: a method name as the module's docstring lists them, e.g. ``topk-0.001`` or ``pactrain-0.9-int3-sync25``.
+
+    Returns:
+        The parsed method, its ``name`` canonical.
+
+    Raises:
+        TypeError: ``name`` is not a string.
+        ValueError: the name is unknown or its numbers are out of range; the message lists the valid forms.
     """
     if not isinstance(name, str):
         raise TypeError(f"a method name must be a string, got {type(name).__name__}")

@@ -37,7 +37,14 @@ WIRE_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 @dataclass(frozen=True)
 class Tensor:
-    """One trainable parameter: its name, shape, and the fraction of backward done when its gradient is ready."""
+    """One trainable parameter.
+
+    Attributes:
+        name: the parameter's name (matched by PacTrain's ``prunable`` patterns).
+        shape: the parameter's dimensions.
+        ready_fraction: fraction of backward done when its gradient is ready, in [0, 1]; None: estimated from the
+            parameter order and sizes (``with_ready_fractions``).
+    """
 
     name: str
     shape: tuple[int, ...]
@@ -45,6 +52,7 @@ class Tensor:
 
     @property
     def numel(self) -> int:
+        """Number of elements."""
         return math.prod(self.shape)
 
 
@@ -62,21 +70,28 @@ def with_ready_fractions(tensors: Sequence[Tensor]) -> list[Tensor]:
 
 @dataclass
 class Traffic:
-    """What a method hands the collectives in one step: transfers started from the gradient hooks, and
-    blocking rounds after backward (PowerSGD's ``P`` then ``Q``)."""
+    """What a method hands the collectives in one step, per worker.
+
+    Attributes:
+        hooked: transfers started from the gradient hooks, as backward reaches them.
+        rounds: blocking rounds after backward (PowerSGD's ``P`` then ``Q``), each a tuple of
+            ``(nbytes, collective, dtype)`` transfers.
+    """
 
     hooked: list[Transfer] = field(default_factory=list)
-    rounds: list[tuple[tuple[int, str, str], ...]] = field(default_factory=list)  # (nbytes, collective, dtype)
+    rounds: list[tuple[tuple[int, str, str], ...]] = field(default_factory=list)
 
     def _all(self) -> list[tuple[int, str]]:
         return [(t.nbytes, t.kind) for t in self.hooked] + [(b, k) for r in self.rounds for b, k, _ in r]
 
     @property
     def allreduce_bytes(self) -> int:
+        """Bytes handed to all-reduces per step."""
         return sum(b for b, kind in self._all() if kind == ALLREDUCE)
 
     @property
     def allgather_bytes(self) -> int:
+        """Bytes handed to allgathers per step (this worker's own contribution)."""
         return sum(b for b, kind in self._all() if kind == ALLGATHER)
 
     @property
@@ -85,8 +100,15 @@ class Traffic:
         return self.allreduce_bytes + self.allgather_bytes
 
     def sent_bytes(self, world_size: int) -> float:
-        """Bytes one worker sends per step over rings of ``world_size``: ``2 (n-1)/n`` of the all-reduced
-        bytes (which stay under twice the buffer however many join) and ``n - 1`` times the allgathered ones."""
+        """Bytes one worker sends per step over rings of ``world_size`` workers.
+
+        Args:
+            world_size: workers in the rings.
+
+        Returns:
+            ``2 (n-1)/n`` of the all-reduced bytes (under twice the buffer however many join) plus ``n - 1``
+            times the allgathered ones; 0.0 for one worker.
+        """
         n = world_size
         return 0.0 if n <= 1 else 2 * (n - 1) / n * self.allreduce_bytes + (n - 1) * self.allgather_bytes
 
@@ -120,8 +142,25 @@ def pactrain_kept(method: Method, tensors: Sequence[Tensor], ranking: str = "erk
 def traffic(method: Method, tensors: Sequence[Tensor], world_size: int, ranking: str = "erk",
             min_numel: int = DEFAULT_MIN_NUMEL, max_density: float = DEFAULT_MAX_DENSITY,
             prunable: Sequence[str] | None = None) -> Traffic:
-    """``method``'s transfers for one step of a model with these parameters on ``world_size`` workers
-    (``prunable``: PacTrain's glob patterns, ``pactrain_kept``)."""
+    """``method``'s transfers for one step of a model with these parameters on ``world_size`` workers.
+
+    Args:
+        method: the method whose traffic to count.
+        tensors: the model's trainable parameters, in parameter order.
+        world_size: number of workers (an int >= 1); sets whether quantized values fit in lanes.
+        ranking: how PacTrain spreads its sparsity: ``"erk"`` (Erdős-Rényi-Kernel, the library's default) or
+            ``"layer"`` (the same sparsity for every prunable tensor).
+        min_numel: PacTrain packs only tensors of at least this many elements.
+        max_density: PacTrain packs only tensors keeping at most this fraction of their elements.
+        prunable: glob patterns of the tensor names PacTrain prunes (None: those of >= 2 dimensions).
+
+    Returns:
+        The transfers each worker hands Horovod per step.
+
+    Raises:
+        ValueError: ``world_size`` is not an int >= 1, PacTrain's ``ranking`` is unknown, or the method's kind has no
+            traffic model.
+    """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
     tensors = with_ready_fractions(tensors)

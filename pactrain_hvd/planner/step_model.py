@@ -50,7 +50,13 @@ HOROVOD_DEFAULT_CYCLE_TIME_S = 0.001  # Horovod >= 0.21 (HOROVOD_CYCLE_TIME unse
 
 @dataclass(frozen=True)
 class Link:
-    """One worker's link: ``bytes_per_s`` each way, ``latency_s`` per message hop, host copies."""
+    """One worker's full-duplex link to the others.
+
+    Attributes:
+        bytes_per_s: bandwidth each way, in bytes per second (> 0).
+        latency_s: latency per message hop, in seconds (>= 0).
+        copy_bytes_per_s: host-memory copy rate for the fusion buffer, in bytes per second (inf: free).
+    """
 
     bytes_per_s: float
     latency_s: float = 0.0
@@ -65,11 +71,19 @@ class Link:
 
     @classmethod
     def gbit(cls, gbit_per_s: float, latency_s: float = 0.0, copy_bytes_per_s: float = math.inf) -> Link:
+        """A link of ``gbit_per_s`` Gbit/s each way (other arguments as the fields)."""
         return cls(gbit_per_s * 1e9 / 8, latency_s, copy_bytes_per_s)
 
 
 @dataclass(frozen=True)
 class HorovodConfig:
+    """Horovod's background-loop settings.
+
+    Attributes:
+        cycle_time_s: seconds between cycles (``HOROVOD_CYCLE_TIME``); the default is the benchmark's 5 ms.
+        fusion_threshold_bytes: largest fused buffer (``HOROVOD_FUSION_THRESHOLD``), in bytes; default 128 MiB.
+    """
+
     cycle_time_s: float = BENCH_CYCLE_TIME_S
     fusion_threshold_bytes: int = HOROVOD_DEFAULT_FUSION_BYTES
 
@@ -81,7 +95,16 @@ def _nothing_to_send(nbytes: float, world_size: int) -> bool:
 
 
 def ring_allreduce_s(nbytes: float, world_size: int, link: Link) -> float:
-    """Ring all-reduce of an ``nbytes`` buffer: reduce-scatter then allgather, ``2 (n-1)`` steps."""
+    """Time of a ring all-reduce of an ``nbytes`` buffer: reduce-scatter then allgather, ``2 (n-1)`` steps.
+
+    Args:
+        nbytes: size of the buffer each worker contributes, in bytes.
+        world_size: workers in the ring (>= 1).
+        link: each worker's link.
+
+    Returns:
+        Seconds, latency and host copies included; 0.0 for one worker or an empty buffer.
+    """
     if _nothing_to_send(nbytes, world_size):
         return 0.0
     n = world_size
@@ -90,7 +113,16 @@ def ring_allreduce_s(nbytes: float, world_size: int, link: Link) -> float:
 
 
 def ring_allgather_s(nbytes_per_worker: float, world_size: int, link: Link) -> float:
-    """Ring allgather: every worker ends with all ``n`` contributions of ``nbytes_per_worker``."""
+    """Time of a ring allgather: every worker ends with all ``n`` contributions of ``nbytes_per_worker``.
+
+    Args:
+        nbytes_per_worker: bytes each worker contributes.
+        world_size: workers in the ring (>= 1).
+        link: each worker's link.
+
+    Returns:
+        Seconds, latency and host copies included; 0.0 for one worker or an empty contribution.
+    """
     if _nothing_to_send(nbytes_per_worker, world_size):
         return 0.0
     n = world_size

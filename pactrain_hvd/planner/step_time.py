@@ -36,12 +36,19 @@ POWERSGD_SPLIT = {"project_p": 0.00256, "project_q": 0.00081, "reconstruct": 0.0
 
 @dataclass(frozen=True)
 class Costs:
-    """One worker's CPU time per step: ``compute_s`` forward + backward, ``update_s`` the optimizer's
-    step, ``compress_s`` each method kind's compression + decompression at 2 workers (0 where absent)."""
+    """One worker's CPU time per step, in seconds.
+
+    Attributes:
+        compute_s: forward + backward (> 0).
+        update_s: the optimizer's step (>= 0).
+        forward_share: forward's part of ``compute_s``, in [0, 1); by default 1/3 (backward costs about twice
+            forward).
+        compress_s: compression + decompression at 2 workers, by method kind (``Method.kind``; 0 where absent).
+    """
 
     compute_s: float
     update_s: float = 0.0
-    forward_share: float = 1 / 3  # forward's part of compute (backward costs about twice forward)
+    forward_share: float = 1 / 3
     compress_s: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -54,14 +61,27 @@ class Costs:
 
 @dataclass(frozen=True)
 class Prediction:
+    """A method's predicted step on one cluster (with local steps, per-step means over a sync interval).
+
+    Attributes:
+        method: the method predicted.
+        handed_bytes: bytes a worker hands the collectives per step.
+        sent_bytes: bytes a worker sends per step over the rings.
+        step_s: seconds per step.
+        compute_s: forward + backward + update, in seconds: the step without communication.
+        compress_s: seconds per step of compression and decompression.
+        wait_s: seconds per step spent waiting for the network (not hidden behind backward).
+        coordination_bytes: Horovod's traffic besides the gradients, in bytes a worker sends per step.
+    """
+
     method: Method
-    handed_bytes: int  # bytes a worker hands the collectives per step
-    sent_bytes: float  # bytes a worker sends per step (ring)
+    handed_bytes: int
+    sent_bytes: float
     step_s: float
-    compute_s: float  # forward + backward + update: the step without communication
+    compute_s: float
     compress_s: float
-    wait_s: float  # time the step waits for the network (not hidden behind backward)
-    coordination_bytes: float = 0.0  # Horovod's traffic besides the gradients a worker sends per step
+    wait_s: float
+    coordination_bytes: float = 0.0
 
     @property
     def efficiency(self) -> float:
@@ -93,13 +113,25 @@ def predict(method: Method, tensors: Sequence[Tensor], world_size: int, link: Li
             ranking: str = "erk", prunable: Sequence[str] | None = None) -> Prediction:
     """Predicted step of ``method`` on ``world_size`` workers joined by ``link``.
 
-    ``config``: Horovod's cycle and fusion (default: Horovod's own, a 1 ms cycle). ``coordination``: the
-    traffic besides the gradients (``planner.coordination``; default none), per cycle and per step.
-    ``prunable``: glob patterns of the tensors PacTrain prunes (default: those of >= 2 dimensions).
     With local steps (``method.sync_every``) the step is the mean over an interval: a sync step's transfers
     all start after the update, and its communication and compression are spread over the interval. Horovod's
     coordination between syncs is counted once per sync (it runs every cycle; on the links the planner is
     for it is small beside a sync).
+
+    Args:
+        method: the method to predict.
+        tensors: the model's trainable parameters, in parameter order.
+        world_size: number of workers.
+        link: each worker's link.
+        costs: one worker's measured CPU times per step.
+        config: Horovod's cycle and fusion (None: Horovod's own, a 1 ms cycle).
+        coordination: the traffic besides the gradients, per cycle and per step (``planner.coordination``;
+            None: none).
+        ranking: how PacTrain spreads its sparsity: ``"erk"`` (the library's default) or ``"layer"``.
+        prunable: glob patterns of the tensors PacTrain prunes (None: those of >= 2 dimensions).
+
+    Returns:
+        The predicted step: its time, bytes and their split.
     """
     config = config or HorovodConfig(cycle_time_s=HOROVOD_DEFAULT_CYCLE_TIME_S)
     moved = traffic(replace(method, sync_every=1), tensors, world_size, ranking=ranking, prunable=prunable)

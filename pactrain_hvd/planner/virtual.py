@@ -55,7 +55,16 @@ InitialQ = Callable[[str, int, int], np.ndarray]  # (tensor name, rank, cols) ->
 
 
 class VirtualWorkers:
-    """``workers`` workers' reduction of one method, with every worker's state (error memory, held scales)."""
+    """``workers`` workers' reduction of one method, with every worker's state (error memory, held scales).
+
+    Args:
+        method: the method whose per-worker arithmetic to apply.
+        workers: number of virtual workers (an int >= 1).
+        noise: ``(rank, count) -> count`` uniform [0, 1) float32 draws, the rounding noise of quantized values
+            (None: numpy's ``default_rng(NOISE_SEED + rank)`` per worker).
+        initial_q: ``(tensor name, PowerSGD rank r, cols) -> r x cols`` array, PowerSGD's first ``Q^T`` of a
+            tensor (None: numpy's normal draws, seeded 0).
+    """
 
     def __init__(self, method: Method, workers: int, noise: Noise | None = None,
                  initial_q: InitialQ | None = None) -> None:
@@ -73,7 +82,15 @@ class VirtualWorkers:
 
     def reduce(self, name: str, grads: Sequence[np.ndarray], mask: np.ndarray | None = None) -> np.ndarray:
         """The averaged gradient of tensor ``name`` that every worker receives, from each worker's own ``grads``.
-        ``mask``: PacTrain's (bool, the tensor's shape; None: the tensor is not pruned and travels whole)."""
+
+        Args:
+            name: the tensor's name, which keys each worker's state.
+            grads: one gradient per worker, all of the tensor's shape.
+            mask: PacTrain's mask (bool, the tensor's shape; None: the tensor is not pruned and travels whole).
+
+        Returns:
+            The averaged gradient, float32, of the tensor's shape.
+        """
         if len(grads) != self.workers:
             raise ValueError(f"reduce({name!r}) needs one gradient per worker: {self.workers}, got {len(grads)}")
         grads = [np.asarray(g, dtype=np.float32) for g in grads]

@@ -55,7 +55,7 @@ def checked_arguments(*, compression: Any, op: Any, gradient_predivide_factor: f
                       device_sparse: Any = "", optimizer: Any = None,
                       **pactrain: Any) -> tuple[PacTrainConfig, PendingMasks | None, int | list | None]:
     """``PacTrainState``'s arguments checked, before anything is created or communicated: its config, given masks
-    and ``groups`` (a number as an ``int``). ``pactrain``: the rest of its keywords (``core.config.KEYWORDS``), and
+    and ``groups`` (a number as an ``int``). ``pactrain``: the rest of its keywords (``core.keywords.KEYWORDS``), and
     whatever else it takes."""
     config = PacTrainConfig.from_arguments(**dict(config_arguments(pactrain),
                                                   sparsity=schedule_sparsity(pactrain["sparsity"], masks is not None,

@@ -37,6 +37,18 @@ class PacTrainCompressor(Compressor):
     surviving indices and plan are TF variables: the packed length is data-dependent, which
     Horovod's all-reduce accepts because every rank packs the same count.
 
+    Args:
+        mask: bool array or tensor of the tensor's shape, True where values survive; None: start unmasked (plan
+            ``UNMASKED``), which needs ``shape``.
+        value_compression: the Horovod compressor the travelling values are handed to (``hvd.Compression.none``
+            or ``.fp16``).
+        packed: with a mask, plan ``PACKED`` (True) or ``DENSE`` (False).
+        shape: the tensor's fully defined shape; needed without ``mask``, and equal to the mask's with one.
+
+    Raises:
+        TypeError: ``mask`` is not boolean.
+        ValueError: neither ``mask`` nor ``shape`` is given, they disagree, or the shape is not fully defined.
+
     Example::
 
         >>> compressor = pt.PacTrainCompressor(mask, value_compression=hvd.Compression.fp16)

@@ -35,12 +35,19 @@ def agree_settings(state: PacTrainState) -> None:
 def broadcast_masks(state: Any, root_rank: int = 0) -> None:
     """Give every rank ``root_rank``'s masks and schedule position (start and resume); collective.
 
-    ``state``: a ``PacTrainState``, or an optimizer or tape that has one (``.pactrain_state``), or a
-    loss-scale optimizer around such an optimizer.
-    Use next to ``hvd.broadcast_variables``. The Mask Tracker proves the result at the next step
-    (not here: a rank that joined an elastic job may not be bound to its variables yet). Where
-    the state does not communicate (``pruning.communicates``: outside its process set, or alone
-    in it) this does nothing.
+    Use next to ``hvd.broadcast_variables``. Every rank's PacTrain settings are compared first. The Mask
+    Tracker proves the result at the next step (not here: a rank that joined an elastic job may not be bound
+    to its variables yet). Where the state does not communicate (``pruning.communicates``: outside its
+    process set, or alone in it) this does nothing.
+
+    Args:
+        state: a ``PacTrainState``, or an optimizer or tape that has one (``.pactrain_state``), or a
+            loss-scale optimizer around such an optimizer.
+        root_rank: the rank whose masks and schedule position every rank takes.
+
+    Raises:
+        TypeError: ``state`` holds no ``PacTrainState``.
+        SettingsMismatchError: the ranks' PacTrain settings differ (on every rank, naming each setting).
     """
     found = state_of(state)
     if found is None:

@@ -45,7 +45,15 @@ def variable_names(variables: Sequence[Any]) -> list[str]:
 
 
 def default_prunable(name: str, variable: tf.Variable) -> bool:
-    """Conv, dense and embedding kernels (>= 2-D); biases and norm scales stay dense."""
+    """Conv, dense and embedding kernels (>= 2-D); biases and norm scales stay dense.
+
+    Args:
+        name: the variable's name (unused: the rule goes by shape).
+        variable: the variable.
+
+    Returns:
+        True where ``variable`` has a known rank of two or more.
+    """
     return variable.shape.rank is not None and variable.shape.rank >= 2
 
 
@@ -121,7 +129,16 @@ class Pruner(HostPruner):
     """What persists between steps for pruning: the host masks, and the Mask Tracker check
     (``core.pruner.HostPruner``: ``rank``, ``validate``, ``verify``, ``sparsity``). Everything here runs
     eagerly (between steps, or inside the maintenance ``py_function``); nothing is checked where nothing is
-    communicated (``communicates``)."""
+    communicated (``communicates``).
+
+    Args:
+        named_variables: the variables by name.
+        prunable_names: names of the variables to prune (keys of ``named_variables``).
+        schedule: the sparsity schedule that masks are ranked to.
+        ranking: how the target sparsity is spread over tensors: ``"layer"``, ``"erk"`` or ``"global"``.
+        process_set: the Horovod process set whose ranks must hold equal masks.
+        settings: settings the Mask Tracker proves equal on every rank along with the masks.
+    """
 
     framework, kind = "tensorflow", "variables"
     hint = ("After loading a checkpoint on one rank, call pactrain_hvd.tensorflow.broadcast_masks "

@@ -1,9 +1,7 @@
 """``PacTrainState``: Horovod's TF gradient all-reduce, pruned and packed, and what persists between steps.
 
-One explicit state object holds what persists between steps (schedule position, masks, plan,
-wire accounting) and does the reduction for both façades: ``DistributedGradientTape``
-(``pactrain_hvd.tensorflow.tape``) and the Keras ``DistributedOptimizer``
-(``pactrain_hvd.tensorflow.keras``).
+One explicit state object holds what persists between steps and does the reduction for both façades:
+``DistributedGradientTape`` (``tape.py``) and the Keras ``DistributedOptimizer`` (``keras/optimizer.py``).
 
 How a step runs, in or out of ``tf.function``:
 
@@ -11,12 +9,11 @@ How a step runs, in or out of ``tf.function``:
    schedule update, and Mask Tracker checks at the state's first step, every ``verify_every``
    steps and after ``broadcast_masks`` (a local call such as ``set_masks`` or a restore
    schedules none: the other ranks would all-reduce while this one allgathers). Masks are
-   recomputed from the weights with numpy (``core.magnitude_masks``, the same code as the torch
-   frontend), verified across ranks, and written into TF variables. Where nothing is
-   communicated (``pruning.communicates``: Horovod's rule) pruning is local and nothing verified.
-   Eagerly it is a plain call; inside a traced function a ``tf.cond`` on the step counter runs
-   it through ``tf.py_function``, and every op of the step is ordered after it. Pruned weights
-   and optimizer slots are zeroed by graph ops, ordered before the optimizer's update.
+   recomputed from the weights with numpy (``core.magnitude_masks``, as in torch), verified across
+   ranks, and written into TF variables. Where nothing is communicated (``pruning.communicates``)
+   pruning is local and nothing verified. Eagerly it is a plain call; inside a traced function a
+   ``tf.cond`` on the step counter runs it through ``tf.py_function``, and every op of the step is
+   ordered after it. Pruned weights and optimizer slots are zeroed by graph ops, before the update.
 2. Per gradient, ``PacTrainCompressor`` reads its mask, surviving indices and plan from
    variables, so the traced graph stays valid across mask changes: nothing is retraced.
 3. Horovod all-reduces the packed vectors (no indices travel), the compressor scatters back.
@@ -45,8 +42,9 @@ from pactrain_hvd.core import (
     saved_by_this_rank,
 )
 from pactrain_hvd.core.agreement import horovod_settings
-from pactrain_hvd.core.config import LOCAL_STEP_KEYWORDS, horovod_op, pactrain_keywords, reduce_op_name
+from pactrain_hvd.core.config import horovod_op, reduce_op_name
 from pactrain_hvd.core.encodings import ENCODINGS, packed_values_argument
+from pactrain_hvd.core.keywords import LOCAL_STEP_KEYWORDS, documents_keywords, pactrain_keywords
 from pactrain_hvd.core.lanes import quantized_layout
 from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
 from pactrain_hvd.tensorflow import checkpoint
@@ -60,25 +58,27 @@ from pactrain_hvd.tensorflow.pruning import Pruner
 from pactrain_hvd.tensorflow.ternary import TernaryReduction
 
 
+@documents_keywords(without=LOCAL_STEP_KEYWORDS)
 class PacTrainState(tf.train.experimental.PythonState):
     """What persists between steps: schedule position, masks, packing plan, wire accounting.
 
-    Takes Horovod's reduction arguments (as ``hvd.DistributedGradientTape``: ``compression``, ``op``,
-    ``gradient_predivide_factor``, ``groups``, ``sparse_as_dense``, ``process_set``, ``device_dense``,
-    ``device_sparse``, ``scale_local_gradients``) and PacTrain's keywords as ``pactrain_hvd.torch.DistributedOptimizer``
-    takes them, but the local-step ones (``sparsity`` or a ``schedule`` object, ``prunable``: a predicate
-    ``(name, variable) -> bool`` or glob patterns, ``packed_values``, ``verify_every``, ...). A schedule that prunes
-    at step 0 ranks the masks from the weights every rank holds then: broadcast the variables before the first
-    step (a difference is caught by the Mask Tracker at step 0). ``optimizer``: whose slots (momentum, Adam
-    moments) are zeroed at newly pruned coordinates when masks change. ``masks``: bring your own mask,
-    ``{variable name: bool mask}`` or a model wrapped by tfmot's ``prune_low_magnitude``; fixed (the schedule is
-    off) unless ``continue_pruning=True`` (see ``core.own_masks``). Every rank must pass the same settings: the
-    first step proves it (``SettingsMismatchError`` on every rank instead of a hang). Quantized ``packed_values``
-    and fp16 are not combinable with ``groups``: a pruned tensor's plan, hence its wire, is chosen when the step runs.
+    The state binds to the variables of its first ``reduce`` call (more may join later). It is checkpointable:
+    in a ``tf.train.Checkpoint`` it saves masks and schedule position (the Keras optimizer carries its own). A
+    schedule that prunes at step 0 ranks the masks from the weights every rank holds then: broadcast the
+    variables before the first step. Every rank must pass the same settings: the first step proves it.
 
-    The state binds to the variables of its first ``reduce`` call (more may join later). It is a
-    checkpointable object: put it in a ``tf.train.Checkpoint`` to save masks and schedule
-    position (the Keras optimizer carries its own, so ``Checkpoint(optimizer=opt)`` does it).
+    Args:
+        compression: Horovod's compressor for tensors that travel dense (and packed values that inherit it).
+        sparse_as_dense: as Horovod: densify sparse gradients (a pruned variable's must be dense).
+        op: ``hvd.Average`` (default) or ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``; not Adasum.
+        gradient_predivide_factor: as Horovod: divide before the sum and multiply after.
+        groups: as Horovod; not with fp16 or quantized ``packed_values`` (a plan is chosen as the step runs).
+        process_set: as Horovod: the ranks this state reduces with.
+        device_dense: as Horovod: where dense all-reduces run.
+        device_sparse: as Horovod: where sparse all-gathers run.
+        scale_local_gradients: as Horovod: gradients of local variables are scaled by 1/size.
+        optimizer: whose slots (momentum, Adam moments) are zeroed at newly pruned coordinates.
+        {pactrain_keywords}
 
     Example::
 

@@ -14,6 +14,7 @@ from horovod.tensorflow.compression import Compression, Compressor
 
 from pactrain_hvd.core.config import horovod_op
 from pactrain_hvd.core.encodings import packed_values_argument
+from pactrain_hvd.core.keywords import LOCAL_STEP_KEYWORDS, documents_keywords
 from pactrain_hvd.tensorflow.arguments import checked_arguments
 from pactrain_hvd.tensorflow.pruning import backing_variable
 from pactrain_hvd.tensorflow.state import PacTrainState
@@ -75,13 +76,12 @@ def _tape_state(sources: list[Any], arguments: dict[str, Any]) -> PacTrainState:
     return state
 
 
+@documents_keywords(without=LOCAL_STEP_KEYWORDS)
 class DistributedGradientTape:
     """``hvd.DistributedGradientTape`` with pruning and mask-indexed packing, for Keras 3 and tf-keras.
 
-    Takes every argument of ``hvd.DistributedGradientTape`` with the same defaults, plus the
-    PacTrain arguments of ``PacTrainState`` (``sparsity=0.9``, ``begin_step``, ``end_step``,
-    ``frequency``, ``prunable``, ``ranking``, ``pack_min_numel``, ``pack_max_density``,
-    ``verify_every``, ``optimizer``, ``packed_values``). One ``gradient`` call is one step.
+    Takes every argument of ``hvd.DistributedGradientTape`` with the same defaults, plus PacTrain's keywords
+    (but the local-step ones) and ``optimizer``. One ``gradient`` call is one step.
 
     The schedule and masks outlive the tape: Horovod's idiom, a tape wrapped on every step or in
     a ``tf.function`` (traced again for a new batch shape), keeps one ``PacTrainState`` per tuple
@@ -90,6 +90,22 @@ class DistributedGradientTape:
 
     With exact-zero gradients at pruned coordinates and slots cleared at mask changes (pass
     ``optimizer=``), Keras optimizers keep pruned weights at exactly 0.
+
+    Args:
+        gradtape: the ``tf.GradientTape`` that recorded the step.
+        device_dense: as Horovod: where dense all-reduces run.
+        device_sparse: as Horovod: where sparse all-gathers run.
+        compression: Horovod's compressor for tensors that travel dense (and packed values that inherit it).
+        sparse_as_dense: as Horovod: densify sparse gradients (a pruned variable's must be dense).
+        op: ``hvd.Average`` (default) or ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``; not Adasum.
+        gradient_predivide_factor: as Horovod: divide before the sum and multiply after.
+        num_groups: deprecated, as Horovod: use ``groups``.
+        groups: as Horovod; not with fp16 or quantized ``packed_values``.
+        process_set: as Horovod: the ranks this tape reduces with.
+        scale_local_gradients: as Horovod: gradients of local sources are scaled by 1/size.
+        state: a ``PacTrainState`` to reduce with (then leave the other arguments unset).
+        optimizer: the Keras optimizer whose slots are zeroed at newly pruned coordinates.
+        {pactrain_keywords}
 
     Example::
 
@@ -217,8 +233,31 @@ _PARTIAL_SIGNATURE = _partial_signature()
 
 
 def PartialDistributedGradientTape(*args: Any, **kwargs: Any) -> DistributedGradientTape:  # noqa: N802 - Horovod's name
-    """``hvd.PartialDistributedGradientTape``: the trainable weights of ``local_layers`` (a Keras layer or a
-    list of them) are local sources; the rest as ``DistributedGradientTape`` (PacTrain arguments too)."""
+    """``hvd.PartialDistributedGradientTape``: the trainable weights of ``local_layers`` are local sources.
+
+    The rest as ``DistributedGradientTape``, PacTrain keyword arguments (``sparsity=...``) too; the Horovod
+    arguments are Horovod's, as ``hvd.PartialDistributedGradientTape``.
+
+    Args:
+        gradtape: the ``tf.GradientTape`` that recorded the computation.
+        device_dense: device for dense gradients' reductions, as Horovod's.
+        device_sparse: device for sparse gradients' reductions, as Horovod's.
+        compression: Horovod compressor of the values that travel, as Horovod's.
+        sparse_as_dense: reduce ``tf.IndexedSlices`` gradients as dense tensors, as Horovod's.
+        op: the reduce op, as Horovod's (``hvd.Average``, ``hvd.Sum``, ``hvd.Min`` or ``hvd.Max``).
+        gradient_predivide_factor: with ``hvd.Average``, divide by it before the sum and by ``size / it`` after.
+        num_groups: deprecated spelling of ``groups``.
+        groups: how gradients' all-reduces are grouped (a count, or lists of variables), as Horovod's.
+        process_set: the Horovod process set that reduces.
+        local_layers: a Keras layer or a list of them whose trainable weights are not reduced; None: none.
+        scale_local_gradients: scale local sources' gradients by ``1 / size``, as Horovod's.
+
+    Returns:
+        A ``DistributedGradientTape`` with the weights of ``local_layers`` registered as local sources.
+
+    Raises:
+        ValueError: ``local_layers`` is not a Keras layer or a list of them.
+    """
     arguments = _PARTIAL_SIGNATURE.bind(*args, **kwargs).arguments
     local_layers = arguments.pop("local_layers", None)
     pactrain = arguments.pop("pactrain", {})

@@ -171,6 +171,13 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
     The file also holds a digest of ``state``'s content (every tensor's bytes, every number and string) under
     ``"pactrain_digest"``; ``load_checkpoint`` checks it and removes it.
 
+    Args:
+        path: the checkpoint file; its directory must exist.
+        state: what to save, a dict (model and optimizer state dicts, epoch, ...).
+
+    Raises:
+        TypeError: ``state`` is not a dict.
+
     Example::
 
         >>> if hvd.rank() == 0:
@@ -192,8 +199,19 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint; a missing, truncated, corrupt or foreign file, or content that no longer matches its
-    digest, raises ``CheckpointError`` naming the file."""
+    """Load a checkpoint written by ``save_checkpoint``, checking its digest.
+
+    Args:
+        path: the checkpoint file.
+        map_location: where tensors are loaded, as ``torch.load``'s ``map_location``.
+
+    Returns:
+        The saved dict, less its digest (a dict saved without one is returned as it is).
+
+    Raises:
+        CheckpointError: naming the file, where it is missing, truncated, corrupt or foreign (not a dict, or a
+            TensorFlow ``.npz`` state), or its content no longer matches its digest.
+    """
     where = repr(os.fspath(path))
     try:
         state = torch.load(path, map_location=map_location)

@@ -45,11 +45,20 @@ class PacTrainCompressor(Compressor):
     Values travel in logical (row-major, mask) order whatever the gradient's memory format, and a
     channels_last (or otherwise permuted but dense) gradient is gathered from and scattered back into its
     own storage, so it keeps the parameter's layout.
-    ``packed=False``: the tensor travels whole, with pruned coordinates zeroed.
-    ``mask=None``: the tensor is not pruned and travels as Horovod would send it.
-    Values are then handed to ``value_compression`` (``hvd.Compression.none`` or ``.fp16``), or,
-    with ``lanes`` (packed only), rounded to shared-scale codes (ternary, int3) and lane-packed into int32 words
-    (``compress_codes``; layout in ``pactrain_hvd.core.lanes``).
+
+    Args:
+        mask: bool tensor of the compressed tensor's shape, True where values survive; None: the tensor is not
+            pruned and travels as Horovod would send it.
+        value_compression: the Horovod compressor the travelling values are handed to (``hvd.Compression.none``
+            or ``.fp16``).
+        packed: True: only surviving values travel; False: the tensor travels whole, with pruned coordinates zeroed.
+        lanes: packed values are rounded to shared-scale codes (ternary, int3) and lane-packed into int32 words
+            instead (``compress_codes``; layout in ``pactrain_hvd.core.lanes``); needs ``mask`` and ``packed=True``.
+            None: values are not quantized.
+
+    Raises:
+        TypeError: ``mask`` is not a bool tensor.
+        ValueError: ``lanes`` is given without a mask or with ``packed=False``.
 
     Example::
 

@@ -24,6 +24,12 @@ from pactrain_hvd.torch.optimizer import DistributedOptimizer
 class PacTrainStateHandler(OptimizerStateHandler):
     """``TorchState``'s handler for ``pt.DistributedOptimizer``: save/restore as Horovod's, sync with masks.
 
+    ``sync`` is ``pt.broadcast_optimizer_state(optimizer, root_rank=0)``: Horovod's broadcast, then the Mask
+    Tracker's check.
+
+    Args:
+        optimizer: the ``pt.DistributedOptimizer`` to save, restore and sync (``TorchState`` passes it).
+
     Example::
 
         >>> opt = pt.DistributedOptimizer(opt, named_parameters=model.named_parameters(), sparsity=0.9)

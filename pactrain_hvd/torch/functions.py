@@ -12,7 +12,15 @@ from pactrain_hvd.torch.optimizer import DistributedOptimizer
 def broadcast_masks(optimizer: DistributedOptimizer, root_rank: int = 0) -> None:
     """Give every rank ``root_rank``'s masks, schedule position and held ternary scales (start and resume).
 
-    Use next to ``hvd.broadcast_parameters`` and ``hvd.broadcast_optimizer_state``.
+    Use next to ``hvd.broadcast_parameters`` and ``hvd.broadcast_optimizer_state``. Collective: every rank of
+    the optimizer's process set calls it; the Mask Tracker then proves the result at once.
+
+    Args:
+        optimizer: the ``pt.DistributedOptimizer`` whose PacTrain state is broadcast.
+        root_rank: the rank whose masks every rank takes.
+
+    Raises:
+        TypeError: ``optimizer`` is not a ``pactrain_hvd.torch.DistributedOptimizer``.
     """
     if not isinstance(optimizer, DistributedOptimizer):
         raise TypeError(f"broadcast_masks needs a pactrain_hvd.torch.DistributedOptimizer, got {type(optimizer).__name__}")
@@ -33,8 +41,17 @@ def broadcast_masks(optimizer: DistributedOptimizer, root_rank: int = 0) -> None
 
 
 def broadcast_optimizer_state(optimizer: DistributedOptimizer, root_rank: int = 0) -> None:
-    """``hvd.broadcast_optimizer_state`` (which carries masks and schedule position, see ``state_dict``),
-    then the Mask Tracker proves the result at once instead of at the next step.
+    """``hvd.broadcast_optimizer_state``, then the Mask Tracker proves the result at once, not at the next step.
+
+    Horovod's broadcast carries masks and schedule position (see ``state_dict``). Collective: every rank of
+    the optimizer's process set calls it.
+
+    Args:
+        optimizer: the ``pt.DistributedOptimizer`` whose state (the wrapped optimizer's and PacTrain's) is broadcast.
+        root_rank: the rank whose state every rank takes.
+
+    Raises:
+        TypeError: ``optimizer`` is not a ``pactrain_hvd.torch.DistributedOptimizer``.
     """
     if not isinstance(optimizer, DistributedOptimizer):
         raise TypeError(f"broadcast_optimizer_state needs a pactrain_hvd.torch.DistributedOptimizer, "

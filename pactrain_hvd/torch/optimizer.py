@@ -19,9 +19,10 @@ from horovod.torch.compression import Compression, Compressor
 
 from pactrain_hvd.core import PacTrainConfig
 from pactrain_hvd.core.agreement import horovod_settings
-from pactrain_hvd.core.config import config_arguments, horovod_op, pactrain_keywords, reduce_op_name
+from pactrain_hvd.core.config import config_arguments, horovod_op, reduce_op_name
 from pactrain_hvd.core.encodings import packed_values_argument
 from pactrain_hvd.core.facade import StateReadings
+from pactrain_hvd.core.keywords import documents_keywords, pactrain_keywords
 from pactrain_hvd.torch import checkpoint
 from pactrain_hvd.torch.arguments import checked_arguments, checked_parameters
 from pactrain_hvd.torch.engine import HorovodEngine
@@ -34,60 +35,27 @@ def _shared(attribute: str) -> property:
                     lambda self, value: setattr(self._optimizer, attribute, value))
 
 
+@documents_keywords()
 class DistributedOptimizer(HorovodEngine, StateReadings, torch.optim.Optimizer):
     """Drop-in replacement for ``hvd.DistributedOptimizer`` that prunes and packs.
 
-    Takes every argument of ``hvd.DistributedOptimizer`` with the same defaults, plus:
+    Takes every argument of ``hvd.DistributedOptimizer`` with the same defaults, plus PacTrain's keywords.
+    Every rank must pass the same settings: the first step proves it (``SettingsMismatchError`` on every
+    rank, naming the setting and each rank's value, instead of a hang). Local steps (``sync_every``):
+    docs/local-steps.md; the encodings of ``packed_values``: ``pactrain_hvd.core.encodings``.
 
-    - ``sparsity``: final fraction of pruned coordinates in prunable tensors, ``0 <= s < 1`` (0.9 if left out);
-      ``0`` behaves exactly like ``hvd.DistributedOptimizer``.
-    - ``begin_step``, ``end_step``, ``frequency``: the cubic schedule (masks are recomputed
-      at the start of those optimizer steps, frozen after ``end_step``).
-    - ``total_steps``: the run's optimizer steps; the schedule steps not given follow it (prune
-      from 10 % to 60 % of the run in ten updates). Without it: steps 0 to 1000, every 100.
-      ``begin_step=0, end_step=0``: prune once, before step 0's first all-reduce (sparse from the first step).
-    - ``schedule``: a schedule object instead of ``sparsity`` and the four arguments above:
-      ``pt.ConstantSparsity(0.95)`` (sparse from the first step: masks ranked before step 0's first
-      all-reduce, from the weights as broadcast), ``pt.PolynomialDecay(...)`` (gradual, tfmot's), or
-      ``pt.short_ramp(0.95, steps=50)`` (packed from step 0, re-ranked at every step of a short ramp).
-    - ``rescale_survivors``: with a schedule that prunes at step 0, scale each pruned tensor's survivors
-      once, when step 0's masks zero the rest, so that the tensor keeps its norm
-      (``pactrain_hvd.core.survivor_scales``): a freshly initialised layer keeps the output scale its
-      initialiser chose. For a model trained from scratch; not for pretrained weights.
-    - ``prunable``: predicate ``(name, param) -> bool`` or glob patterns; default: >= 2-D weights.
-    - ``ranking``: ``"layer"`` (each tensor to the target), ``"erk"`` (Erdős-Rényi-Kernel shares:
-      large tensors pruned more) or ``"global"`` (one magnitude threshold).
-    - ``pack_min_numel``, ``pack_max_density``: the adaptive plan (pack only where it pays).
-    - ``verify_every``: also prove masks agree every N steps, before that step's first
-      all-reduce (0: only after mask changes).
-    - ``packed_values``: how packed (surviving) values travel; dense and unpruned tensors always
-      travel as ``compression`` says. ``"inherit"``: as ``compression`` says (``hvd.Compression.fp16``
-      makes them fp16); ``"fp16"``: fp16; ``"ternary"``: shared-scale stochastic ternary with
-      error feedback, packed as digits of int32 words (``pactrain_hvd.core.lanes``), fp16 when the
-      world is too large for 3 values per word (> 644 ranks); ``"int3"``: the same with codes in
-      [-3, 3] at ternary's step, so that large values are not clipped (about 1.6x ternary's bytes;
-      fp16 beyond 214 ranks). Both need ``op`` Average or Sum.
-      ``values=`` is its old, deprecated name (``"fp32"`` there is ``"inherit"``). The encodings are
-      ``pactrain_hvd.core.encodings.ENCODINGS``; ``"bf16"`` is refused here (Horovod's all-reduce
-      carries no bfloat16) and works with the DDP comm hook.
-    - ``masks``: bring your own mask: ``{name: bool mask}``, or the model pruned with
-      ``torch.nn.utils.prune`` (its ``<name>_mask`` buffers become the masks of ``<name>_orig``).
-      Fixed: the schedule is off unless ``continue_pruning=True`` (see ``core.own_masks``).
-    - ``resume_changed_settings``: ``load_state_dict`` of a checkpoint saved with another ``sparsity``,
-      schedule, ``ranking`` or ``packed_values`` raises ``CheckpointError`` unless this is True; then
-      it warns and continues from the checkpoint's masks and step under this optimizer's settings.
-    - ``sync_every``: local steps (DiLoCo's schedule). 1 (default): every step's gradients are reduced.
-      H > 1: each rank steps on its own gradients and nothing is communicated, and every H steps the
-      ranks average their progress since the last sync (the anchor weights minus their own), packed
-      like gradients (survivors only, in ``packed_values``), and take one outer step from the anchor:
-      SGD with Nesterov momentum ``outer_momentum`` (default 0.9) and learning rate ``outer_lr``
-      (default 0.7); ``outer_lr=1.0, outer_momentum=0.0`` is plain model averaging. The wrapped
-      optimizer's state stays local. Masks are ranked only at an interval's first step (a schedule
-      update inside an interval moves there). Needs ``op=hvd.Average``; ``groups`` does not apply.
-      Each rank saves and loads its own checkpoint to resume mid-interval exactly (local weights differ).
-
-    Every rank must pass the same settings: the first step proves it (``SettingsMismatchError``
-    on every rank, naming the setting and each rank's value, instead of a hang).
+    Args:
+        optimizer: the ``torch.optim.Optimizer`` to wrap (not one already wrapped).
+        named_parameters: ``model.named_parameters()``, whose names key masks, checkpoints and messages.
+        compression: Horovod's compressor for tensors that travel dense (and packed values that inherit it).
+        backward_passes_per_step: as Horovod: backward passes accumulated locally per reduction.
+        op: ``hvd.Average`` (default) or ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``; not Adasum (survivors reduce alone).
+        gradient_predivide_factor: as Horovod: divide before the sum and multiply after.
+        num_groups: deprecated, as Horovod: use ``groups``.
+        groups: as Horovod: a number of groups, or lists of parameters all-reduced together.
+        sparse_as_dense: as Horovod: densify sparse gradients (a pruned tensor's always is, with a warning).
+        process_set: as Horovod: the ranks this optimizer reduces with.
+        {pactrain_keywords}
 
     Example::
 

@@ -18,7 +18,15 @@ Prunable = Callable[[str, torch.Tensor], bool] | Iterable[str] | None
 
 
 def default_prunable(name: str, param: torch.Tensor) -> bool:
-    """Conv, linear and embedding weights (>= 2-D); biases and norm scales stay dense."""
+    """Conv, linear and embedding weights (>= 2-D); biases and norm scales stay dense.
+
+    Args:
+        name: the parameter's name (unused: the rule goes by shape).
+        param: the parameter.
+
+    Returns:
+        True where ``param`` has two or more dimensions.
+    """
     return param.dim() >= 2
 
 
@@ -51,7 +59,17 @@ def horovod_exchange(process_set: hvd.ProcessSet) -> TableExchange:
 class Pruner(HostPruner):
     """What persists between steps for pruning: the masks on the parameters' devices, and the Mask Tracker
     check (``core.pruner.HostPruner``: ``rank``, ``validate``, ``verify``, ``sparsity``), moved by
-    ``exchange`` (Horovod's allgather by default; the DDP hook passes ``torch.distributed``'s)."""
+    ``exchange`` (Horovod's allgather by default; the DDP hook passes ``torch.distributed``'s).
+
+    Args:
+        named_parameters: the parameters by name.
+        prunable_names: names of the parameters to prune (keys of ``named_parameters``).
+        schedule: the sparsity schedule that masks are ranked to.
+        ranking: how the target sparsity is spread over tensors: ``"layer"``, ``"erk"`` or ``"global"``.
+        process_set: the Horovod process set whose ranks must hold equal masks (used by the default ``exchange``).
+        exchange: how fingerprint tables move; None: Horovod's allgather on ``process_set``.
+        settings: settings the Mask Tracker proves equal on every rank along with the masks.
+    """
 
     framework, kind = "torch", "parameters"
 

@@ -41,11 +41,23 @@ from pactrain_hvd.torch.ternary import TernaryReduction
 class PacTrainState(PruningReadout, SharedMaskOperations, BroadcastCarry):
     """Schedule position, masks, packing plan, ternary memory and wire accounting of one optimizer.
 
-    ``pt.DistributedOptimizer`` makes one from its arguments (``config``: the checked PacTrain
-    settings; ``masks``: the user's own, see ``core.own_masks``) and exposes it as
+    ``pt.DistributedOptimizer`` makes one from its arguments and exposes it as
     ``opt.pactrain_state``; the optimizer's ``step_count``, ``masks()``, ``stats()`` and
     ``set_masks()`` are this object's. ``verify()`` runs the Mask Tracker now (a collective call:
     every rank of the process set makes it).
+
+    Args:
+        parameters: the optimized parameters by name.
+        optimizer: the wrapped ``torch.optim`` optimizer (its state at pruned coordinates is cleared).
+        config: the checked PacTrain settings (schedule, ranking, packing, Mask Tracker period, local steps).
+        prunable: a predicate ``(name, param) -> bool`` or glob patterns on names; None: ``default_prunable``,
+            or only the parameters ``masks`` covers.
+        masks: the user's own masks, ``{name: bool mask}`` or a model pruned by ``torch.nn.utils.prune``
+            (see ``core.own_masks``).
+        compression: Horovod compressor of the values that travel (packed ones too with ``"inherit"``).
+        packed_values: how packed values travel: ``"inherit"``, ``"fp16"``, ``"bf16"``, ``"ternary"`` or ``"int3"``.
+        process_set: the Horovod process set the optimizer reduces over; its ranks prove masks equal.
+        settings: further settings (Horovod's reduction) the Mask Tracker proves equal on every rank.
 
     Example::
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from docstrings import problems, public_names
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -78,6 +79,27 @@ def test_every_public_name_is_in_the_api_reference(module):
     reference = "\n".join(p.read_text(encoding="utf-8") for p in sorted((DOCS / "api").glob("*.md")))
     missing = [n for n in names if n != "Compression" and not re.search(rf"[.`~]{re.escape(n)}\b", reference)]
     assert not missing, f"{module}: not in docs/api: {missing}"
+
+
+@pytest.mark.parametrize("module", (*API_MODULES, "pactrain_hvd.planner"))
+def test_every_public_name_has_a_google_style_docstring(module):
+    """What an IDE shows and the API reference renders: each argument under Args, what comes back under Returns."""
+    pytest.importorskip("horovod")
+    missing = [problem for name, obj in public_names(module).items() for problem in problems(name, obj)]
+    assert missing == []
+
+
+def test_the_docstring_check_names_what_is_missing():
+    def documented(rate: float, steps: int) -> float:
+        """Summary.
+
+        Args:
+            rate: a rate.
+        """
+        return rate * steps
+
+    assert problems("documented", documented) == ["documented: Args/Attributes lack steps",
+                                                  "documented: no Returns section"]
 
 
 def test_the_site_builds_with_warnings_as_errors(tmp_path):

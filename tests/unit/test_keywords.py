@@ -1,10 +1,10 @@
-"""PacTrain's keyword arguments, declared once (core.config.KEYWORDS), in every façade's signature."""
+"""PacTrain's keyword arguments, declared once (core.keywords), in every façade's signature."""
 
 import inspect
 
 import pytest
 
-from pactrain_hvd.core.config import KEYWORDS, LOCAL_STEP_KEYWORDS, pactrain_keywords
+from pactrain_hvd.core.keywords import KEYWORDS, LOCAL_STEP_KEYWORDS, pactrain_keywords
 
 FACADES = {  # module:name -> the keywords a façade leaves out
     "pactrain_hvd.torch.optimizer:DistributedOptimizer": (),

@@ -107,3 +107,10 @@ def test_the_private_name_check_sees_a_mixin_reading_its_host(tmp_path):
     (package / "owner.py").write_text("class Owner:\n    def __init__(self):\n        self._own = 1\n"
                                       "    def read(self):\n        return self._own + len(self.items._private)\n")
     assert cross_module_privates(package) == ["pactrain_hvd/mixin.py:3 uses _names, defined in another module"]
+
+
+def test_no_module_of_the_library_is_over_300_lines():
+    """One concept per module: a module that grows past 300 lines holds two."""
+    long = {str(path.relative_to(PACKAGE.parent)): lines for path in sorted(PACKAGE.rglob("*.py"))
+            if (lines := len(path.read_text().splitlines())) > 300}
+    assert long == {}

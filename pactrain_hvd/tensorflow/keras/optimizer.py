@@ -21,8 +21,9 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 from horovod.tensorflow.compression import Compression, Compressor
 
-from pactrain_hvd.core.config import LOCAL_STEP_KEYWORDS, pactrain_keywords, passes_per_step
+from pactrain_hvd.core.config import passes_per_step
 from pactrain_hvd.core.encodings import packed_values_argument
+from pactrain_hvd.core.keywords import LOCAL_STEP_KEYWORDS, documents_keywords, pactrain_keywords
 from pactrain_hvd.tensorflow.keras.apply import Keras3Apply, PacTrainOptimizer, TfKerasApply, agree_on_skipped_steps
 from pactrain_hvd.tensorflow.keras.gradient_aggregation import LocalAggregation
 from pactrain_hvd.tensorflow.keras.saving import keras_file_entry_class
@@ -41,6 +42,7 @@ def _distributed_class(optimizer_class: type) -> type:
                 {"__module__": optimizer_class.__module__, "__qualname__": optimizer_class.__qualname__})
 
 
+@documents_keywords(without=LOCAL_STEP_KEYWORDS)
 @pactrain_keywords(without=LOCAL_STEP_KEYWORDS)
 def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
     optimizer: Any,
@@ -61,20 +63,34 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
 ) -> Any:
     """Drop-in replacement for ``horovod.tensorflow.keras.DistributedOptimizer`` that prunes and packs.
 
-    Takes every argument of Horovod's with the same defaults, plus PacTrain's (see
-    ``PacTrainState``): ``sparsity`` (``0`` behaves like Horovod's optimizer), ``begin_step``,
-    ``end_step``, ``frequency``, ``total_steps``, ``schedule``, ``prunable``, ``ranking``, ``pack_min_numel``,
-    ``pack_max_density``, ``verify_every``, ``masks``, ``continue_pruning`` (bring your own mask:
-    a dict, or the model wrapped by tfmot's ``prune_low_magnitude``) and ``packed_values``
-    (``"inherit"``, ``"fp16"`` or ``"ternary"``: how packed values travel; ``values`` is its deprecated
-    name). Works with Keras 3 and tf-keras 2 optimizers, in ``model.fit`` and in custom loops (``optimizer.apply_gradients`` reduces: do not also wrap the
-    tape). Like Horovod's, it is rebuilt from ``optimizer.get_config()``: wrap before training.
-    ``backward_passes_per_step`` > 1: gradients are summed locally and reduced every that many calls
-    (Horovod's local aggregation, see ``LocalAggregation``); one reduction is one schedule step.
+    Takes every argument of Horovod's with the same defaults, plus PacTrain's keywords (but the local-step
+    ones). Works with Keras 3 and tf-keras 2 optimizers, in ``model.fit`` and in custom loops
+    (``optimizer.apply_gradients`` reduces: do not also wrap the tape). Like Horovod's, it is rebuilt from
+    ``optimizer.get_config()``: wrap before training. Use ``callbacks.BroadcastGlobalVariablesCallback``: it
+    makes every rank start from the same weights (masks are computed from them) and masks. Horovod's ops have
+    no XLA kernels: on GPUs compile with ``jit_compile=False`` (Keras 3 defaults to XLA).
 
-    Use ``pactrain_hvd.tensorflow.keras.callbacks.BroadcastGlobalVariablesCallback``: it makes
-    every rank start from the same weights (masks are computed from them) and masks. Horovod's
-    ops have no XLA kernels: on GPUs compile with ``jit_compile=False`` (Keras 3 defaults to XLA).
+    Args:
+        optimizer: the Keras 3 or tf-keras optimizer to wrap.
+        name: as Horovod: the wrapped optimizer's name (default: ``Distributed`` + its class name).
+        device_dense: as Horovod: where dense all-reduces run.
+        device_sparse: as Horovod: where sparse all-gathers run.
+        compression: Horovod's compressor for tensors that travel dense (and packed values that inherit it).
+        sparse_as_dense: as Horovod: densify sparse gradients (a pruned variable's must be dense).
+        gradient_predivide_factor: as Horovod: divide before the sum and multiply after.
+        op: ``hvd.Average`` (default) or ``hvd.Sum``.
+        backward_passes_per_step: as Horovod: gradients are summed locally and reduced every that many calls
+            (``LocalAggregation``); one reduction is one schedule step.
+        average_aggregated_gradients: as Horovod: divide the locally summed gradients by their count.
+        num_groups: deprecated, as Horovod: use ``groups``.
+        groups: as Horovod; not with fp16 or quantized ``packed_values``.
+        process_set: as Horovod: the ranks this optimizer reduces with.
+        scale_local_gradients: as Horovod: gradients of local variables are scaled by 1/size.
+        {pactrain_keywords}
+
+    Returns:
+        An optimizer of the wrapped one's class (Keras' saving and ``get_config`` behave as before) that
+        reduces, prunes and packs in ``apply_gradients``; its ``pactrain_state`` holds masks and schedule.
 
     Example::
 
@@ -125,9 +141,20 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
 
 
 def PartialDistributedOptimizer(optimizer: Any, *args: Any, local_layers: Any = None, **kwargs: Any) -> Any:  # noqa: N802
-    """``hvd.PartialDistributedOptimizer``: the trainable weights of ``local_layers`` (a built Keras layer or a
-    list of them) are not reduced (their gradients are scaled by ``1 / size`` where ``scale_local_gradients``,
-    as Horovod's); every other argument as ``DistributedOptimizer``, PacTrain's included.
+    """``hvd.PartialDistributedOptimizer``: the trainable weights of ``local_layers`` are not reduced.
+
+    Their gradients are scaled by ``1 / size`` where ``scale_local_gradients``, as Horovod's; every other
+    argument (``*args``, ``**kwargs``) as ``DistributedOptimizer``, Horovod's and PacTrain's included.
+
+    Args:
+        optimizer: the Keras 3 or tf-keras optimizer to wrap, as ``hvd.PartialDistributedOptimizer``'s.
+        local_layers: a built Keras layer or a list of them whose trainable weights stay local; None: none.
+
+    Returns:
+        The ``DistributedOptimizer`` made from ``optimizer``, with those weights registered as local.
+
+    Raises:
+        ValueError: ``local_layers`` is not a Keras layer or a list of them.
 
     Example::
 

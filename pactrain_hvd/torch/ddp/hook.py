@@ -50,6 +50,13 @@ def _quantized_allreduce(state: PacTrainHookState, plan: BucketPlan, buffer: tor
 def pactrain_hook(state: PacTrainHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: all-reduce the bucket's surviving gradient values only, averaged like DDP's default.
 
+    Args:
+        state: the ``PacTrainHookState`` made for the DDP model (masks, packing plans, process group).
+        bucket: the gradient bucket DDP hands the hook.
+
+    Returns:
+        A future of the bucket's buffer holding the averaged gradients (pruned coordinates 0).
+
     Example::
 
         >>> state = PacTrainHookState(ddp_model, optimizer, sparsity=0.9)

@@ -16,9 +16,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from pactrain_hvd.core import CheckpointError, PacTrainConfig, StepStats, TensorStats
-from pactrain_hvd.core.config import LOCAL_STEP_KEYWORDS, config_arguments, pactrain_keywords
+from pactrain_hvd.core.config import config_arguments
 from pactrain_hvd.core.cycle import PruningCycle
 from pactrain_hvd.core.encodings import ENCODINGS, packed_values_argument
+from pactrain_hvd.core.keywords import LOCAL_STEP_KEYWORDS, documents_keywords, pactrain_keywords
 from pactrain_hvd.core.lanes import LaneLayout, quantized_layout
 from pactrain_hvd.core.lifecycle import StepLifecycle
 from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings, saved_by_this_rank
@@ -37,6 +38,10 @@ from pactrain_hvd.torch.pruning import (
 
 _NOISE_SEED = 0xDD9  # ternary rounding noise: drawn per (rank, step, parameter), see rounding_noise
 
+
+# What the hook state does not take: masks of the user's own, the deprecated ``values``, local steps (a DDP hook
+# sees gradients only, not the weights an outer step moves).
+DDP_WITHOUT = ("masks", "continue_pruning", "values") + LOCAL_STEP_KEYWORDS
 
 def dist_exchange(group: dist.ProcessGroup | None) -> TableExchange:
     """Fingerprint tables over ``torch.distributed``: all_gather pads to the longest table, then trims."""
@@ -70,21 +75,24 @@ def stepped_optimizer(optimizer: Any) -> Any:
     return optimizer
 
 
+@documents_keywords(without=DDP_WITHOUT, meaning={"packed_values": (
+    "How surviving values travel (dense buckets travel as DDP hands them): ``\"inherit\"`` (the bucket's dtype: fp32, "
+    "or fp16 under ``fp16_compress_wrapper``), ``\"fp16\"``, ``\"bf16\"`` (Gloo and NCCL carry it), or quantized "
+    "codes ``\"ternary\"`` / ``\"int3\"`` with error feedback in int32 lanes (one MAX all-reduce of the scales first).")})
 class PacTrainHookState(PruningReadout, SharedMaskOperations):
     """What ``pactrain_hook`` keeps between steps: schedule position, masks, bucket plans, wire accounting.
 
-    Takes the PacTrain arguments of ``pt.DistributedOptimizer`` (``sparsity``, ``begin_step``,
-    ``end_step``, ``frequency``, ``total_steps``, ``schedule``, ``prunable``, ``ranking``, ``pack_min_numel``, ``pack_max_density``,
-    ``verify_every``) plus ``process_group`` (DDP's; default: the world) and ``packed_values``:
-    how surviving values travel (dense buckets travel as DDP hands them): ``"inherit"`` (the bucket's dtype:
-    fp32, or fp16 under ``fp16_compress_wrapper``; ``"fp32"`` is its deprecated name), ``"fp16"``, ``"bf16"``
-    (Gloo and NCCL carry bfloat16; Horovod's all-reduce does not), or ``"ternary"``, the Horovod frontend's shared-scale stochastic ternary with error feedback in int32
-    lanes (one MAX all-reduce of the bucket's scale, then the codes; fp16 where lanes do not pay).
-    ``rescale_survivors`` and ``resume_changed_settings`` as in ``pt.DistributedOptimizer``. Every rank must pass the same settings:
-    the first step proves it (``SettingsMismatchError`` on every rank instead of a hang).
+    Every rank must pass the same settings: the first step proves it (``SettingsMismatchError`` on every
+    rank instead of a hang).
+
+    Args:
+        model: the ``DistributedDataParallel`` model whose buckets the hook reduces.
+        optimizer: the optimizer that steps it (momentum and moments are cleared at pruned coordinates).
+        process_group: DDP's process group; default: the world.
+        {pactrain_keywords}
     """
 
-    @pactrain_keywords(without=("masks", "continue_pruning", "values") + LOCAL_STEP_KEYWORDS)
+    @pactrain_keywords(without=DDP_WITHOUT)
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  process_group: dist.ProcessGroup | None = None, **pactrain: Any) -> None:
         self.config = PacTrainConfig.from_arguments(**config_arguments(pactrain))
