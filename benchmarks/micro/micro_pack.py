@@ -7,7 +7,7 @@ Default mode times, over the same repeats, a full step (forward, backward, SGD u
 the packing PacTrain adds to it (gather of surviving values + scatter back, for every pruned
 tensor), and prints medians and their ratio, beside the floor no packing can go below: one read and
 one write pass over the packed gradients. ``--values ternary`` also times the ternary codec of every
-packed tensor (``TernaryReduction.gather`` and ``quantize``, then the decode and scatter of
+packed tensor (``QuantizedReduction.gather`` and ``quantize``, then the decode and scatter of
 ``decompress``): all a rank computes for ternary values, without the two all-reduces.
 
 ``--plan-sweep`` backs the adaptive plan's defaults: for tensor sizes and densities it
@@ -123,10 +123,11 @@ def ternary_codec(prunable: dict, compressors: list) -> Callable[[], None]:
     import horovod.torch as hvd
 
     from pactrain_hvd.core.lanes import quantized_layout
-    from pactrain_hvd.torch.ternary import TernaryReduction, TernarySend
+    from pactrain_hvd.torch.quantized import QuantizedReduction, QuantizedSend
 
     hvd.init()
-    reduction = TernaryReduction(quantized_layout(2), hvd.global_process_set)
+    reduction = QuantizedReduction(hvd.global_process_set)
+    reduction.layout = quantized_layout(2)  # 2 ranks' lane width on this one process
     names = {p: n for n, p in prunable.items()}
     packed = [(names[p], p, c) for p, c in compressors if c.packed]
     for _, _, compressor in packed:
@@ -135,7 +136,7 @@ def ternary_codec(prunable: dict, compressors: list) -> Callable[[], None]:
     def run() -> None:
         for name, p, compressor in packed:
             values, local = reduction.gather(name, p.grad, compressor)
-            send = TernarySend(name, p.grad, compressor, values, 2.0, max_handle=None)
+            send = QuantizedSend(name, p.grad, compressor, values, 2.0, max_handle=None)
             reduction.quantize(send, local)
             p.grad.set_(compressor.decompress(send.words, send.ctx))
         reduction.memory.commit()

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from pactrain_hvd.tensorflow.compression import PacTrainCompressor
 from pactrain_hvd.tensorflow.pruning import Pruner, backing_variable
-from pactrain_hvd.tensorflow.ternary import TernaryReduction
+from pactrain_hvd.tensorflow.quantized import QuantizedReduction
 
 
 class BoundTensors:
@@ -30,7 +30,7 @@ class BoundTensors:
         survivor_scales: by position, the factor the next zeroing applies to survivors, a variable.
     """
 
-    def __init__(self, pruner: Pruner, quantized: TernaryReduction | None) -> None:
+    def __init__(self, pruner: Pruner, quantized: QuantizedReduction | None) -> None:
         self.pruner = pruner
         self.quantized = quantized
         self.names: list[str] = []

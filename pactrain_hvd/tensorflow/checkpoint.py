@@ -1,8 +1,9 @@
 """Checkpoints: ``PacTrainState``'s ``.npz`` blob, the value ``tf.train.Checkpoint`` stores for it.
 
 The blob holds the schedule position, the world size it was written under and the masks; with
-``packed_values="ternary"`` also the held scales (the same on every rank) and this rank's error memory
-and rounding-noise state (restored only on the same rank, as in torch). Masks are keyed by the
+quantized ``packed_values`` also the held scales (the same on every rank) and this rank's error memory
+and rounding-noise state (restored only on the same rank, as in torch; blobs that name those entries
+``ternary_*``, their earlier names, still load). Masks are keyed by the
 variable's position in binding order (the model's variable order), so they restore into a rebuilt
 model whose generated names differ (Keras numbers layers per process); the saved names serve the
 error messages.
@@ -25,7 +26,7 @@ from pactrain_hvd.core.digest import DIGEST_KEY, ndarray_bytes, with_digest, wit
 
 
 @dataclass
-class SavedTernary:
+class SavedQuantized:
     """The saving rank, and that rank's noise state and residuals by position; the held scales by position."""
 
     rank: int
@@ -41,25 +42,25 @@ class SavedState:
     step: int
     world_size: int | None  # None: written before it was recorded
     masks: list[tuple[int, str, np.ndarray]]  # (position, saved name, mask)
-    ternary: SavedTernary | None
+    quantized: SavedQuantized | None
     settings: dict | None = None  # None: written before they were recorded
 
 
 def to_bytes(saved: SavedState) -> bytes:
-    """The ``.npz`` blob of ``saved`` (a residual for every saved mask where ternary state is saved)."""
-    ternary = {}
-    if saved.ternary is not None:
-        scaled = sorted(saved.ternary.scales)
-        ternary = {"ternary_rank": np.int64(saved.ternary.rank), "ternary_noise": saved.ternary.noise,
-                   "scale_positions": np.array(scaled, dtype=np.int64),
-                   "ternary_scales": np.array([saved.ternary.scales[p] for p in scaled], np.float32),
-                   **{f"residual_{i}": saved.ternary.residuals[position]
-                      for i, (position, _, _) in enumerate(saved.masks)}}
+    """The ``.npz`` blob of ``saved`` (a residual for every saved mask where quantization state is saved)."""
+    quantized = {}
+    if saved.quantized is not None:
+        scaled = sorted(saved.quantized.scales)
+        quantized = {"quantized_rank": np.int64(saved.quantized.rank), "quantized_noise": saved.quantized.noise,
+                     "scale_positions": np.array(scaled, dtype=np.int64),
+                     "quantized_scales": np.array([saved.quantized.scales[p] for p in scaled], np.float32),
+                     **{f"residual_{i}": saved.quantized.residuals[position]
+                        for i, (position, _, _) in enumerate(saved.masks)}}
     arrays = dict(step=np.int64(saved.step), world_size=np.int64(saved.world_size),
                   settings=np.array(json.dumps(saved.settings)),
                   names=np.array([name for _, name, _ in saved.masks], dtype=np.str_),
                   positions=np.array([position for position, _, _ in saved.masks], dtype=np.int64),
-                  **{f"mask_{i}": mask for i, (_, _, mask) in enumerate(saved.masks)}, **ternary)
+                  **{f"mask_{i}": mask for i, (_, _, mask) in enumerate(saved.masks)}, **quantized)
     buffer = io.BytesIO()
     np.savez(buffer, **with_digest({k: np.asarray(v) for k, v in arrays.items()}, ndarray_bytes))
     return buffer.getvalue()
@@ -76,21 +77,23 @@ def parse(blob: bytes) -> SavedState:
     if DIGEST_KEY in entries:
         entries[DIGEST_KEY] = str(entries[DIGEST_KEY])
     saved = without_digest(entries, ndarray_bytes, "(TensorFlow PacTrain state)")
+    saved = {key.replace("ternary_", "quantized_", 1) if key.startswith("ternary_") else key: value
+             for key, value in saved.items()}  # the entries' earlier names
     try:
         names = [str(name) for name in saved["names"]]
         positions = [int(position) for position in saved["positions"]]
         masks = [(position, name, saved[f"mask_{i}"]) for i, (position, name) in enumerate(zip(positions, names))]
-        ternary = None
-        if "ternary_rank" in saved:
+        quantized = None
+        if "quantized_rank" in saved:
             scales = ({int(position): float(scale) for position, scale in
-                       zip(saved["scale_positions"], saved["ternary_scales"])} if "ternary_scales" in saved
+                       zip(saved["scale_positions"], saved["quantized_scales"])} if "quantized_scales" in saved
                       else {})
-            ternary = SavedTernary(int(saved["ternary_rank"]), saved["ternary_noise"],
-                                   {position: saved[f"residual_{i}"] for i, position in enumerate(positions)},
-                                   scales)
+            quantized = SavedQuantized(int(saved["quantized_rank"]), saved["quantized_noise"],
+                                       {position: saved[f"residual_{i}"] for i, position in enumerate(positions)},
+                                       scales)
         world_size = int(saved["world_size"]) if "world_size" in saved else None
         settings = json.loads(str(saved["settings"])) if "settings" in saved else None
-        return SavedState(int(saved["step"]), world_size, masks, ternary, settings)
+        return SavedState(int(saved["step"]), world_size, masks, quantized, settings)
     except (OSError, KeyError, ValueError, EOFError) as error:
         raise CheckpointError(f"not a PacTrain state: {error}") from error
 
@@ -108,14 +111,14 @@ def masks_by_name(saved: SavedState, names: list[str]) -> dict[str, np.ndarray]:
 
 def scales_by_name(saved: SavedState, names: list[str]) -> dict[str, float]:
     """The held ternary scales by bound variable name (none where the checkpoint holds none), checked."""
-    scales = saved.ternary.scales if saved.ternary else {}
+    scales = saved.quantized.scales if saved.quantized else {}
     bad = {names[p] if p < len(names) else p: v for p, v in scales.items() if not (np.isnan(v) or 0 <= v < np.inf)}
     if bad:
         raise CheckpointError(f"checkpoint ternary scales must be >= 0 and finite, or NaN (none held), got {bad}")
     return {names[p]: v for p, v in scales.items() if p < len(names)}
 
 
-def residuals_by_name(saved: SavedTernary, names: list[str], packed_sizes: dict[str, int]) -> dict[str, np.ndarray]:
+def residuals_by_name(saved: SavedQuantized, names: list[str], packed_sizes: dict[str, int]) -> dict[str, np.ndarray]:
     """The saved residuals by bound variable name, each checked against its variable's packed length."""
     residuals = {}
     for position, residual in saved.residuals.items():

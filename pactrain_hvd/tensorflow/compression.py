@@ -31,7 +31,7 @@ class PacTrainCompressor(Compressor):
     Plan ``UNMASKED`` (``mask=None``): the tensor travels as Horovod would send it.
     Values are then handed to ``value_compression`` (``hvd.Compression.none`` or ``.fp16``).
     ``survivors`` and ``unpack`` are the packing alone, for values that travel another way
-    (``PacTrainState(values="fp16" | "ternary")``, see ``pactrain_hvd.tensorflow.ternary``).
+    (``PacTrainState(values="fp16" | "ternary")``, see ``pactrain_hvd.tensorflow.quantized``).
 
     ``shape`` lets a compressor start unmasked and receive a mask later (``set_mask``). Masks,
     surviving indices and plan are TF variables: the packed length is data-dependent, which

@@ -55,7 +55,7 @@ from pactrain_hvd.tensorflow.compression import PACKED_WIRES
 from pactrain_hvd.tensorflow.engine import HorovodEngine, ReductionArguments
 from pactrain_hvd.tensorflow.maintenance import Maintenance
 from pactrain_hvd.tensorflow.pruning import Pruner
-from pactrain_hvd.tensorflow.ternary import TernaryReduction
+from pactrain_hvd.tensorflow.quantized import QuantizedReduction
 
 
 @documents_keywords(without=LOCAL_STEP_KEYWORDS)
@@ -128,7 +128,7 @@ class PacTrainState(tf.train.experimental.PythonState):
             **self.config.shared_settings(), "packed_values": packed_values,
             **horovod_settings(op_name, compression, groups, 1, gradient_predivide_factor)})
         # A rank outside the process set never reduces.
-        quantized = (TernaryReduction(process_set, encoding.levels)
+        quantized = (QuantizedReduction(process_set, encoding.levels)
                      if layout is not None and process_set.included() else None)
         self.bound = BoundTensors(pruner, quantized)
         self.maintenance = Maintenance(self.bound, self.config, optimizer, tfmot_masks={})
@@ -270,7 +270,7 @@ class PacTrainState(tf.train.experimental.PythonState):
         ternary = None
         if bound.quantized is not None:
             residuals = bound.quantized.memory.state_dict()
-            ternary = checkpoint.SavedTernary(
+            ternary = checkpoint.SavedQuantized(
                 self.process_set.rank(), bound.quantized.noise.generator.state.numpy(),
                 {position: residuals[name] for position, name, _ in masks},
                 {bound.names.index(name): float(scale.numpy()) for name, scale in bound.quantized.scales.items()})
@@ -285,10 +285,10 @@ class PacTrainState(tf.train.experimental.PythonState):
         except (TypeError, ValueError) as error:
             raise CheckpointError(f"checkpoint does not fit these variables: {error}") from error
         residuals = None
-        if (saved.ternary is not None and bound.quantized is not None
-                and saved_by_this_rank(saved.ternary.rank, self.process_set.rank,
+        if (saved.quantized is not None and bound.quantized is not None
+                and saved_by_this_rank(saved.quantized.rank, self.process_set.rank,
                                        holds_state=saved.step > 0)):
-            residuals = checkpoint.residuals_by_name(saved.ternary, bound.names, {
+            residuals = checkpoint.residuals_by_name(saved.quantized, bound.names, {
                 name: int(mask.sum()) if self.maintenance.packs(mask) else 0 for name, mask in masks.items()})
         scales = checkpoint.scales_by_name(saved, bound.names)
         self.maintenance.set_step(saved.step)
@@ -296,5 +296,5 @@ class PacTrainState(tf.train.experimental.PythonState):
         if bound.quantized is not None:  # none held where the checkpoint has none: that step agrees one
             bound.quantized.hold_scales(scales)
         if residuals is not None:
-            bound.quantized.noise.generator.state.assign(saved.ternary.noise)
+            bound.quantized.noise.generator.state.assign(saved.quantized.noise)
             bound.quantized.memory.load_state_dict(residuals)

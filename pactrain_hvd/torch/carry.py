@@ -25,8 +25,8 @@ class BroadcastCarry:
         masks = {name: (self.pruner.masks[name].to(torch.uint8).cpu() if name in self.pruner.masks
                         else torch.ones(self.parameters[name].shape, dtype=torch.uint8)) for name in names}
         self._exported = {"step": torch.tensor([self.cycle.step], dtype=torch.int64), "masks": masks}
-        if self.ternary is not None:  # and its snapshot: only a change made by a broadcast is adopted
-            scales = self.ternary.scale_vector(list(self.parameters))
+        if self.quantized is not None:  # and its snapshot: only a change made by a broadcast is adopted
+            scales = self.quantized.scale_vector(list(self.parameters))
             self._exported.update(scales=scales, scales_as_exported=scales.clone())
         return self._exported
 
@@ -38,7 +38,7 @@ class BroadcastCarry:
             return
         if "scales" in exported and not torch.equal(exported["scales"].nan_to_num(-1),
                                                     exported["scales_as_exported"].nan_to_num(-1)):
-            self.ternary.hold_scales(list(self.parameters), exported["scales"], self.devices())
+            self.quantized.hold_scales(list(self.parameters), exported["scales"], self.devices())
         step = int(exported["step"][0])
         masks = host_masks(exported["masks"], flags=True)
         held = {name: mask.cpu().numpy() for name, mask in self.pruner.masks.items()}

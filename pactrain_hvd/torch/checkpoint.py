@@ -1,13 +1,14 @@
 """Checkpoints: PacTrain's entries in an optimizer state dict, and atomic checkpoint files.
 
 ``DistributedOptimizer.state_dict()`` is the wrapped optimizer's plus ``"pactrain"`` (schedule
-position, masks, ternary memory and scales; with local steps the anchor and outer momentum). Where
+position, masks, quantization memory and scales; with local steps the anchor and outer momentum). Where
 the wrapped optimizer has state, each prunable parameter's entry also holds its mask
 (``"pactrain.mask"``: uint8, as Horovod broadcasts no bool tensors; the same tensor as in
 ``["pactrain"]["masks"]``, so a checkpoint stores it once), the first parameter's the schedule
-position (``"pactrain.step"``) and held ternary scales (``"pactrain.scales"``), and with local steps
+position (``"pactrain.step"``) and held quantization scales (``"pactrain.scales"``), and with local steps
 each parameter's its anchor and outer momentum: ``hvd.broadcast_optimizer_state`` broadcasts them
-with the rest, so Horovod's own resume idiom carries them (``PacTrainState.export``).
+with the rest, so Horovod's own resume idiom carries them (``PacTrainState.export``). Checkpoints that
+name the quantization entries ``"ternary"`` and ``"ternary_scales"`` (their earlier names) still load.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ class SavedState:
 
     step: int
     masks: dict[str, np.ndarray]
-    scales: torch.Tensor | None  # held ternary scales, one per parameter (NaN: none)
-    ternary: dict | None  # this rank's error memory and noise, if this rank saved it
+    scales: torch.Tensor | None  # held quantization scales, one per parameter (NaN: none)
+    quantized: dict | None  # this rank's error memory and noise, if this rank saved it
     outer: dict | None = None  # local steps' anchor and outer momentum
 
 
@@ -66,9 +67,9 @@ def with_pactrain(state: PacTrainState, inner: dict, optimized: list[torch.Tenso
                     {_ANCHOR_KEY: anchor, _MOMENTUM_KEY: state.outer.momentum[name]})
         for pid, entries in additions.items():  # new dicts: the wrapped optimizer's own stay as they are
             inner["state"][pid] = {**inner["state"].get(pid, {}), **entries}
-    if state.ternary is not None:
-        inner["pactrain"]["ternary"] = state.ternary.state_dict()
-        inner["pactrain"]["ternary_scales"] = exported["scales"]
+    if state.quantized is not None:
+        inner["pactrain"]["quantized"] = state.quantized.state_dict()
+        inner["pactrain"]["quantized_scales"] = exported["scales"]
     return inner
 
 
@@ -93,14 +94,14 @@ def validated(state: PacTrainState, pactrain: Any) -> SavedState:
     outer = pactrain.get("outer") if state.outer is not None else None
     if outer is not None:
         state.outer.validate(outer)
-    if state.ternary is None:
+    if state.quantized is None:
         return SavedState(step, masks, None, None, outer)
-    saved_ternary = _saved_ternary(state, pactrain.get("ternary"), masks, step)
-    scales = pactrain.get("ternary_scales")
+    saved_quantized = _saved_quantized(state, pactrain.get("quantized", pactrain.get("ternary")), masks, step)
+    scales = pactrain.get("quantized_scales", pactrain.get("ternary_scales"))
     count = len(state.parameters)
     if scales is not None and (not isinstance(scales, torch.Tensor) or scales.shape != (count,)):
-        raise CheckpointError(f"checkpoint 'ternary_scales' must be a tensor of {count} values, one per parameter")
-    return SavedState(step, masks, scales, saved_ternary, outer)
+        raise CheckpointError(f"checkpoint 'quantized_scales' must be a tensor of {count} values, one per parameter")
+    return SavedState(step, masks, scales, saved_quantized, outer)
 
 
 COMPILED_PREFIX = "_orig_mod."  # what torch.compile puts before the wrapped module's parameter names
@@ -124,21 +125,21 @@ def saved_step_and_masks(fit_masks: Callable[[Any], dict[str, np.ndarray]], save
         raise CheckpointError(f"checkpoint does not fit this model: {error}{hint}") from error
 
 
-def _saved_ternary(state: PacTrainState, saved: Any, masks: dict[str, np.ndarray], step: int) -> dict | None:
-    """The checkpoint's ternary entry if this rank wrote it (another rank's, from a run that has stepped: a warning)."""
+def _saved_quantized(state: PacTrainState, saved: Any, masks: dict[str, np.ndarray], step: int) -> dict | None:
+    """The checkpoint's quantization entry if this rank wrote it (another rank's, from a run that has stepped: a warning)."""
     if saved is None:
         return None
     if not isinstance(saved, dict) or not {"rank", "noise", "residuals"} <= set(saved):
-        raise CheckpointError("the 'ternary' entry of the 'pactrain' state needs 'rank', 'noise' and 'residuals'")
+        raise CheckpointError("the 'quantized' entry of the 'pactrain' state needs 'rank', 'noise' and 'residuals'")
     if not saved_by_this_rank(saved["rank"], state.process_set.rank, holds_state=step > 0):
         return None
-    state.ternary.memory.validate(saved["residuals"], {name: int(mask.sum()) for name, mask in masks.items()})
+    state.quantized.memory.validate(saved["residuals"], {name: int(mask.sum()) for name, mask in masks.items()})
     return saved
 
 
 def restore(state: PacTrainState, saved: SavedState) -> None:
     """Install ``saved``: masks, schedule position and held scales (the same on every rank, whichever rank's
-    checkpoint it is), and where this rank saved it, its ternary error memory and noise. With local steps: the
+    checkpoint it is), and where this rank saved it, its quantization error memory and noise. With local steps: the
     anchor and outer momentum (a checkpoint without them: the weights now are the anchor, no momentum)."""
     state.adopt(saved.step, saved.masks, saved.scales)
     if state.outer is not None:
@@ -146,8 +147,8 @@ def restore(state: PacTrainState, saved: SavedState) -> None:
             state.outer.load_state_dict(saved.outer)
         else:
             state.outer.restart()
-    if saved.ternary is not None:
-        state.load_ternary(saved.ternary)
+    if saved.quantized is not None:
+        state.load_quantized(saved.quantized)
 
 
 def array_bytes(obj: Any) -> bytes | None:

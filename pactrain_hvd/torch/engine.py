@@ -5,7 +5,7 @@ A hook per parameter starts its all-reduce once its gradient has accumulated
 backward did not reach (in name order, the same on every rank), waits, and writes the reduced
 gradients back. It reads against upstream method by method; what each all-reduce carries is the
 plan's codec (``PacTrainState.compressor``: packed, dense-masked or as Horovod sends it; ternary
-through ``TernaryReduction``), in the methods that upstream calls the same. Two differences from
+through ``QuantizedReduction``), in the methods that upstream calls the same. Two differences from
 upstream, both on purpose: a grouped all-reduce honours ``gradient_predivide_factor`` (Horovod's drops
 it), and wrapping a parameter again hands its hook over (Horovod's leaves both wrappers all-reducing).
 """
@@ -25,8 +25,8 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from pactrain_hvd.core.config import scale_factors
 from pactrain_hvd.core.lanes import SCALE_BYTES
+from pactrain_hvd.torch.quantized import QuantizedSend
 from pactrain_hvd.torch.state import PacTrainState
-from pactrain_hvd.torch.ternary import TernarySend
 
 # Which engine's hooks a parameter carries.
 _HOOK_OWNERS = WeakTensorKeyDictionary()
@@ -95,9 +95,9 @@ class HorovodEngine:
         """Launch the all-reduce of ``tensor`` (``p``'s gradient or outer gradient) through ``p``'s codec."""
         state = self._pactrain
         compressor = state.compressor(p)
-        if compressor.lanes is not None:  # quantized codes (see ``TernaryReduction``): no blocking collective
+        if compressor.lanes is not None:  # quantized codes (see ``QuantizedReduction``): no blocking collective
             state.follow_world_size()
-            ternary = state.ternary
+            ternary = state.quantized
             send = ternary.start(self._names[p], tensor, compressor, average=op == hvd.Average)
             state.record(p, 4 * ternary.layout.words(send.values.numel()) + SCALE_BYTES)  # int32 words + the MAX
             return send, None
@@ -124,8 +124,8 @@ class HorovodEngine:
         return sparse_allreduce_async(grad, name=self._names[p], op=self.op, process_set=self.process_set), None
 
     def _finish(self, p: torch.Tensor, handle: Any, ctx: Any) -> torch.Tensor:
-        if isinstance(handle, TernarySend):
-            return self._pactrain.ternary.finish(handle)
+        if isinstance(handle, QuantizedSend):
+            return self._pactrain.quantized.finish(handle)
         if callable(handle):  # a sparse allgather
             return handle()
         return self._decompress(p, synchronize(handle), ctx)

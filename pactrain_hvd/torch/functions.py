@@ -25,7 +25,7 @@ def broadcast_masks(optimizer: DistributedOptimizer, root_rank: int = 0) -> None
     if not isinstance(optimizer, DistributedOptimizer):
         raise TypeError(f"broadcast_masks needs a pactrain_hvd.torch.DistributedOptimizer, got {type(optimizer).__name__}")
     state, process_set = optimizer.pactrain_state, optimizer.process_set
-    held, ternary = state.masks(), state.ternary
+    held, ternary = state.masks(), state.quantized
     scales = ternary.scale_vector(list(state.parameters)) if ternary is not None else None
     header = hvd.broadcast_object({"step": state.step_count, "masked": sorted(held), "scales": scales},
                                   root_rank, name="pactrain.masks_header", process_set=process_set)

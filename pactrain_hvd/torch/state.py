@@ -1,7 +1,7 @@
 """``PacTrainState``: what persists between a torch ``DistributedOptimizer``'s steps.
 
 The torch mirror of ``pactrain_hvd.tensorflow.PacTrainState``: schedule position, masks (by the
-``Pruner``), the packing plan (a ``PacTrainCompressor`` per parameter), ternary memory and held
+``Pruner``), the packing plan (a ``PacTrainCompressor`` per parameter), quantization memory and held
 scales, Mask Tracker bookkeeping and wire accounting. It holds no Horovod handles and never
 all-reduces gradients (that is ``engine.py``); the only collectives it makes are the Mask
 Tracker's. Checkpoint format: ``checkpoint.py``.
@@ -35,11 +35,11 @@ from pactrain_hvd.torch.pruning import (
     select_prunable,
     zero_stays_zero,
 )
-from pactrain_hvd.torch.ternary import TernaryReduction
+from pactrain_hvd.torch.quantized import QuantizedReduction
 
 
 class PacTrainState(PruningReadout, SharedMaskOperations, BroadcastCarry):
-    """Schedule position, masks, packing plan, ternary memory and wire accounting of one optimizer.
+    """Schedule position, masks, packing plan, quantization memory and wire accounting of one optimizer.
 
     ``pt.DistributedOptimizer`` makes one from its arguments and exposes it as
     ``opt.pactrain_state``; the optimizer's ``step_count``, ``masks()``, ``stats()`` and
@@ -95,7 +95,7 @@ class PacTrainState(PruningReadout, SharedMaskOperations, BroadcastCarry):
         self._stats = StepStats()
         encoding = ENCODINGS[packed_values]
         layout = quantized_layout(process_set.size(), encoding.levels) if encoding.quantized else None
-        self._ternary = TernaryReduction(layout, process_set) if layout is not None else None
+        self._quantized = QuantizedReduction(process_set, encoding.levels) if layout is not None else None
         self._compression = compression
         self._packed_compression = encoding.wire_of(PACKED_WIRES, "horovod.torch") or compression
         self._compressors: dict[torch.Tensor, PacTrainCompressor] = {}
@@ -112,7 +112,7 @@ class PacTrainState(PruningReadout, SharedMaskOperations, BroadcastCarry):
         ``values`` says how packed values travelled: as the ``packed_values`` argument, or ``"fp16"`` where a
         quantized encoding fell back (too many ranks for 3 lanes per word).
         """
-        encoding = ENCODINGS[self.packed_values].reported(lanes_fit=self._ternary is not None)
+        encoding = ENCODINGS[self.packed_values].reported(lanes_fit=self._quantized is not None)
         return dict(self._stats.as_dict(), sparsity=self.pruner.sparsity(), values=encoding)
 
     def set_masks(self, masks: dict[str, Any]) -> None:
@@ -138,32 +138,32 @@ class PacTrainState(PruningReadout, SharedMaskOperations, BroadcastCarry):
         return self._names
 
     @property
-    def ternary(self) -> TernaryReduction | None:
-        """The ternary reduction (error memory, noise, held scales), or None where values are not ternary."""
-        return self._ternary
+    def quantized(self) -> QuantizedReduction | None:
+        """The quantized reduction (error memory, noise, held scales), or None where values are not quantized."""
+        return self._quantized
 
     def fit_masks(self, masks: dict[str, Any]) -> dict[str, np.ndarray]:
         """Masks (bool or uint8 flags, tensors or arrays) as validated host masks of these parameters; raises
         ``TypeError`` or ``ValueError`` where they do not fit."""
         return self.pruner.validate(host_masks(masks, flags=True))
 
-    def load_ternary(self, saved: dict) -> None:
-        """This rank's saved error memory and noise (``TernaryReduction.state_dict``'s, validated), for the
-        parameters whose plan rounds them to ternary codes."""
-        self._ternary.noise.load_state_dict(saved["noise"])
-        self._ternary.memory.load_state_dict({name: residual for name, residual in saved["residuals"].items()
+    def load_quantized(self, saved: dict) -> None:
+        """This rank's saved error memory and noise (``QuantizedReduction.state_dict``'s, validated), for the
+        parameters whose plan rounds them to quantized codes."""
+        self._quantized.noise.load_state_dict(saved["noise"])
+        self._quantized.memory.load_state_dict({name: residual for name, residual in saved["residuals"].items()
                                               if self.compressor(self._parameters[name]).lanes is not None},
                                              self.devices())
 
     # -- masks and plan ---------------------------------------------------------------------------
     def adopt(self, step: int, masks: dict[str, np.ndarray], scales: torch.Tensor | None = None,
               zero_weights: bool = True) -> None:
-        """Take another rank's or a checkpoint's schedule position, masks and (ternary) held scales;
+        """Take another rank's or a checkpoint's schedule position, masks and (quantized) held scales;
         ``scales`` None: none held."""
         self.cycle.step = int(step)
         self.install_masks(masks, zero_weights)
-        if self._ternary is not None:
-            self._ternary.hold_scales(list(self._parameters), scales if scales is not None
+        if self._quantized is not None:
+            self._quantized.hold_scales(list(self._parameters), scales if scales is not None
                                       else torch.full((len(self._parameters),), float("nan")), self.devices())
 
     def install_masks(self, masks: dict[str, np.ndarray], zero_weights: bool = True) -> None:
@@ -186,11 +186,11 @@ class PacTrainState(PruningReadout, SharedMaskOperations, BroadcastCarry):
         for name, p in self._parameters.items():
             mask = self.pruner.masks.get(name)
             packed = mask is not None and should_pack(p.numel(), int(mask.sum()), cfg.pack_min_numel, cfg.pack_max_density)
-            lanes = self._ternary.layout if packed and self._ternary is not None else None
+            lanes = self._quantized.layout if packed and self._quantized is not None else None
             self._compressors[p] = PacTrainCompressor(mask, self._packed_compression if packed else self._compression,
                                                       packed=packed, lanes=lanes)
-            if self._ternary is not None and p in previous:
-                self._ternary.memory.remap(name, previous[p].surviving_indices,
+            if self._quantized is not None and p in previous:
+                self._quantized.memory.remap(name, previous[p].surviving_indices,
                                            self._compressors[p].surviving_indices if lanes else None, p.numel())
 
     def compressor(self, p: torch.Tensor) -> PacTrainCompressor:
@@ -199,13 +199,13 @@ class PacTrainState(PruningReadout, SharedMaskOperations, BroadcastCarry):
     def follow_world_size(self) -> None:
         """Digits per word and the average's divisor follow the world size (Horovod elastic changes it)."""
         size = self.process_set.size()
-        if size == self._ternary.layout.world_size:
+        if size == self._quantized.layout.world_size:
             return
-        layout = quantized_layout(size, self._ternary.layout.levels)
+        layout = quantized_layout(size, self._quantized.layout.levels)
         if layout is None:
             raise RuntimeError(f"packed_values={self.packed_values!r}: the world size changed to {size}, where lanes "
                                "no longer pay; recreate the optimizer with packed_values='fp16'")
-        self._ternary.layout = layout
+        self._quantized.layout = layout
         for compressor in self._compressors.values():
             if compressor.lanes is not None:
                 compressor.lanes = layout
@@ -247,8 +247,8 @@ class PacTrainState(PruningReadout, SharedMaskOperations, BroadcastCarry):
         return not self._zero_stays_zero or self.weights_unmasked or self.config.verifies_at(step)
 
     def commit_codec_memory(self) -> None:
-        if self._ternary is not None:
-            self._ternary.memory.commit()
+        if self._quantized is not None:
+            self._quantized.memory.commit()
 
     def begin_interval(self) -> None:
         self.outer.take_anchor()
@@ -258,9 +258,9 @@ class PacTrainState(PruningReadout, SharedMaskOperations, BroadcastCarry):
         self.commit_codec_memory()
 
     def discard_step(self) -> None:
-        """The step in flight is abandoned (a state dict is loaded): its ternary residuals are not kept."""
-        if self._ternary is not None:
-            self._ternary.memory.discard()
+        """The step in flight is abandoned (a state dict is loaded): its quantization residuals are not kept."""
+        if self._quantized is not None:
+            self._quantized.memory.discard()
 
     def reduced(self) -> None:
         """The step's gradients are reduced: ``stats()`` describes this step."""

@@ -28,7 +28,7 @@ def masks() -> dict:
 
 
 def describe() -> dict:
-    ternary = opt.pactrain_state.ternary
+    ternary = opt.pactrain_state.quantized
     lanes = ternary.layout.lanes if ternary is not None else None  # int32 lanes per word
     return dict(opt_step=opt.step_count, masks=fingerprint(masks()), lanes=lanes)
 

@@ -17,7 +17,7 @@ import torch  # noqa: E402
 from pactrain_hvd.core import StepStats, TensorStats  # noqa: E402
 from pactrain_hvd.core import lanes as core  # noqa: E402
 from pactrain_hvd.tensorflow import lanes as tf_lanes  # noqa: E402
-from pactrain_hvd.tensorflow import ternary as tf_ternary  # noqa: E402
+from pactrain_hvd.tensorflow import quantized as tf_quantized  # noqa: E402
 from pactrain_hvd.torch import PacTrainCompressor  # noqa: E402
 from pactrain_hvd.torch import lanes as torch_lanes  # noqa: E402
 from pactrain_hvd.torch.memory import ErrorFeedback  # noqa: E402
@@ -259,7 +259,7 @@ def test_error_feedback_remap_keeps_surviving_coordinates():
 
 
 def test_tf_error_feedback_carries_the_error_and_remaps_to_surviving_coordinates():
-    memory = tf_ternary.ErrorFeedback()
+    memory = tf_quantized.ErrorFeedback()
     memory.track("w")
     assert memory.residuals["w"].shape.as_list() == [None]  # any packed length, no retrace
     memory.remap("w", np.zeros(0, np.int32), np.array([0, 4, 7]), numel=9)  # newly packed: residuals start at 0
@@ -274,7 +274,7 @@ def test_tf_error_feedback_carries_the_error_and_remaps_to_surviving_coordinates
 
 
 def test_tf_noise_differs_by_seed_and_is_uniform():
-    first, second = tf_ternary.NoiseSource(1).uniform(tf.constant(1000)), tf_ternary.NoiseSource(2).uniform(1000)
+    first, second = tf_quantized.NoiseSource(1).uniform(tf.constant(1000)), tf_quantized.NoiseSource(2).uniform(1000)
     assert not np.array_equal(first.numpy(), second.numpy())
     assert 0 <= first.numpy().min() and first.numpy().max() < 1 and abs(first.numpy().mean() - 0.5) < 0.05
 

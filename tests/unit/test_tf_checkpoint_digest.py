@@ -13,7 +13,7 @@ from pactrain_hvd.tensorflow import checkpoint
 def saved_state() -> checkpoint.SavedState:
     mask = np.zeros((64, 32), bool)
     mask[:, :8] = True
-    return checkpoint.SavedState(step=12, world_size=2, masks=[(0, "dense/kernel", mask)], ternary=None,
+    return checkpoint.SavedState(step=12, world_size=2, masks=[(0, "dense/kernel", mask)], quantized=None,
                                  settings={"sparsity": 0.75})
 
 

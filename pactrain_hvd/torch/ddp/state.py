@@ -36,7 +36,7 @@ from pactrain_hvd.torch.pruning import (
     zero_stays_zero,
 )
 
-_NOISE_SEED = 0xDD9  # ternary rounding noise: drawn per (rank, step, parameter), see rounding_noise
+_NOISE_SEED = 0xDD9  # rounding noise of quantized codes: drawn per (rank, step, parameter), see rounding_noise
 
 
 # What the hook state does not take: masks of the user's own, the deprecated ``values``, local steps (a DDP hook
@@ -148,13 +148,13 @@ class PacTrainHookState(PruningReadout, SharedMaskOperations):
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Masks and schedule position; with ternary values also this rank's error memory (its noise is a
+        """Masks and schedule position; with quantized values also this rank's error memory (its noise is a
         function of rank, step and parameter: nothing to save)."""
         state = {"step": self.cycle.step, "sparsity": self.config.sparsity,
                  "settings": checkpoint_settings(self.config, self.packed_values),
                  "masks": {name: mask.to(torch.uint8).cpu() for name, mask in self.pruner.masks.items()}}
         if self.lanes is not None:
-            state["ternary"] = {"rank": self._rank, "residuals": self.memory.state_dict()}
+            state["quantized"] = {"rank": self._rank, "residuals": self.memory.state_dict()}
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -162,14 +162,14 @@ class PacTrainHookState(PruningReadout, SharedMaskOperations):
         step, masks = saved_step_and_masks(self.fit_masks, state, "a PacTrainHookState state dict")
         check_saved_settings(state.get("settings", {"sparsity": state["sparsity"]} if "sparsity" in state else None),
                              checkpoint_settings(self.config, self.packed_values), step, self.config)
-        ternary = state.get("ternary")
-        if ternary is not None and not (isinstance(ternary, dict) and {"rank", "residuals"} <= set(ternary)):
-            raise CheckpointError("the 'ternary' entry needs 'rank' and 'residuals'")
+        quantized = state.get("quantized", state.get("ternary"))  # "ternary": its earlier name
+        if quantized is not None and not (isinstance(quantized, dict) and {"rank", "residuals"} <= set(quantized)):
+            raise CheckpointError("the 'quantized' entry needs 'rank' and 'residuals'")
         residuals = None
-        if self.lanes is not None and ternary is not None and saved_by_this_rank(ternary["rank"], lambda: self._rank,
+        if self.lanes is not None and quantized is not None and saved_by_this_rank(quantized["rank"], lambda: self._rank,
                                                                                holds_state=step > 0):
             kept = {name: int(masks[name].sum()) if name in masks else p.numel() for name, p in self.parameters.items()}
-            residuals = self.memory.validate(ternary["residuals"], kept)
+            residuals = self.memory.validate(quantized["residuals"], kept)
         self.cycle.step = step
         self._install(masks)
         if residuals is not None:

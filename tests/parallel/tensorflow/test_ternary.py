@@ -204,13 +204,19 @@ def test_checkpoint_carries_this_ranks_error_memory_and_noise():
     with np.load(io.BytesIO(blob)) as arrays:
         entries = dict(arrays)
     del entries["pactrain_digest"]  # edited below, as a state written before digests (its own would not match)
+    earlier = {key.replace("quantized_", "ternary_", 1): value for key, value in entries.items()}
+    buffer = io.BytesIO()
+    np.savez(buffer, **earlier)
+    state.deserialize(buffer.getvalue())  # the entries' earlier names
+    for name, residual in saved.items():
+        np.testing.assert_array_equal(state.bound.quantized.memory.residuals[name].numpy(), residual, err_msg=name)
     packed = next(key for key in entries if key.startswith("residual_") and entries[key].size)
     entries[packed] = entries[packed][:-1]
     buffer = io.BytesIO()
     np.savez(buffer, **entries)
     with pytest.raises(pt.CheckpointError, match="ternary residual of .* its packed values number"):
         state.deserialize(buffer.getvalue())
-    entries = dict(entries, ternary_rank=np.int64(1 - hvd.rank()))  # another rank's memory: ignored
+    entries = dict(entries, quantized_rank=np.int64(1 - hvd.rank()))  # another rank's memory: ignored
     fresh = pt.PacTrainState(packed_values="ternary", sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=1000)
     fresh.bind(model.trainable_variables)
     buffer = io.BytesIO()
@@ -220,10 +226,10 @@ def test_checkpoint_carries_this_ranks_error_memory_and_noise():
                for residual in fresh.bound.quantized.memory.residuals.values())
     assert {name: scale.numpy() for name, scale in fresh.bound.quantized.scales.items()} == pytest.approx(scales, nan_ok=True)
     buffer = io.BytesIO()
-    np.savez(buffer, **dict(entries, ternary_scales=-entries["ternary_scales"]))
+    np.savez(buffer, **dict(entries, quantized_scales=-entries["quantized_scales"]))
     with pytest.raises(pt.CheckpointError, match="ternary scales must be >= 0 and finite"):
         fresh.deserialize(buffer.getvalue())
-    del entries["ternary_scales"], entries["scale_positions"]  # a checkpoint from before held scales: none held
+    del entries["quantized_scales"], entries["scale_positions"]  # a checkpoint from before held scales: none held
     buffer = io.BytesIO()
     np.savez(buffer, **entries)
     fresh.deserialize(buffer.getvalue())

@@ -48,7 +48,7 @@ def test_after_each_sync_ranks_hold_the_outer_step_on_their_mean_progress(packed
             anchor = weights(opt)
         opt.zero_grad()
         loss_of(model, step).backward()
-        residuals = {name: r.clone() for name, r in state.ternary.memory.residuals.items()} if state.ternary else {}
+        residuals = {name: r.clone() for name, r in state.quantized.memory.residuals.items()} if state.quantized else {}
         opt.step()
         masks = opt.masks()
         if step % H == 0:  # masks ranked at the interval's first step zero the anchor too
@@ -65,7 +65,7 @@ def test_after_each_sync_ranks_hold_the_outer_step_on_their_mean_progress(packed
             compressor = state.compressor(p)
             if compressor.lanes is not None:  # what rounding sent: progress plus memory, less the new memory
                 survivors = compressor.surviving_indices
-                codes = sent.reshape(-1)[survivors] + residuals.get(name, 0) - state.ternary.memory.residuals[name]
+                codes = sent.reshape(-1)[survivors] + residuals.get(name, 0) - state.quantized.memory.residuals[name]
                 sent = torch.zeros(p.numel()).index_put_((survivors,), codes).reshape(p.shape)
             mean = gathered(sent, f"ref.{prefix}.{step}.{name}").mean(0).reshape(p.shape)
             momentum[name] = BETA * momentum[name] + mean

@@ -38,8 +38,8 @@ def test_quantized_gradients_are_the_mean_of_each_ranks_dequantized_codes(op, pa
         twin = copy.deepcopy(model)
         loss_of(twin, step).backward()
         local = dict(zip(opt._parameters, (q.grad for _, q in sorted(twin.named_parameters()))))
-        residual_before = {name: opt.pactrain_state._ternary.memory.residuals.get(name) for name in ternary_names}
-        held = {name: opt.pactrain_state._ternary.scales.get(name) for name in ternary_names}
+        residual_before = {name: opt.pactrain_state.quantized.memory.residuals.get(name) for name in ternary_names}
+        held = {name: opt.pactrain_state.quantized.scales.get(name) for name in ternary_names}
         assert (held[ternary_names[0]] is None) == (step == 0), "a scale is held from the second packed step on"
         opt.zero_grad()
         loss_of(model, step).backward()
@@ -61,8 +61,8 @@ def test_quantized_gradients_are_the_mean_of_each_ranks_dequantized_codes(op, pa
             step_max = hvd.allreduce((levels * STEP_OVER_MEAN * values.abs().mean()).reshape(1), op=hvd.Max,
                                      name=f"ref.scale.{name}")[0]
             scale = step_max if held[name] is None else held[name]
-            assert torch.equal(opt.pactrain_state._ternary.scales[name], step_max), "the next scale is this step's MAX"
-            dequantized = values - opt.pactrain_state._ternary.memory.pending[name]  # what this rank sent: q * step (no
+            assert torch.equal(opt.pactrain_state.quantized.scales[name], step_max), "the next scale is this step's MAX"
+            dequantized = values - opt.pactrain_state.quantized.memory.pending[name]  # what this rank sent: q * step (no
             # step is taken here, so this residual stays pending and the next iteration starts from the same memory)
             codes = torch.round(dequantized / (scale / levels))
             codes_ok = (bool(torch.all(codes.abs() <= levels))
@@ -136,8 +136,8 @@ def test_ternary_memory_round_trips_and_a_misfit_residual_changes_nothing():
         loss_of(model, step).backward()
         opt.step()
     saved = opt.state_dict()
-    residuals = saved["pactrain"]["ternary"]["residuals"]
-    assert saved["pactrain"]["ternary"]["rank"] == hvd.rank()
+    residuals = saved["pactrain"]["quantized"]["residuals"]
+    assert saved["pactrain"]["quantized"]["rank"] == hvd.rank()
     assert set(residuals) == {name for name, p in opt._parameters.items() if opt.pactrain_state._compressors[p].lanes is not None}
     assert len(residuals) >= 2
     assert all(r.numel() == int(opt.masks()[name].sum()) for name, r in residuals.items())
@@ -146,21 +146,29 @@ def test_ternary_memory_round_trips_and_a_misfit_residual_changes_nothing():
     twin = pt.DistributedOptimizer(sgd(model_b), named_parameters=named(model_b, "mem"), packed_values="ternary", sparsity=0.5, ranking="layer",
                                    begin_step=0, end_step=0, pack_min_numel=0)
     first = sorted(residuals)[0]
-    broken = {**saved, "pactrain": {**saved["pactrain"], "ternary": {
-        **saved["pactrain"]["ternary"], "residuals": {**residuals, first: residuals[first][:-1]}}}}
+    broken = {**saved, "pactrain": {**saved["pactrain"], "quantized": {
+        **saved["pactrain"]["quantized"], "residuals": {**residuals, first: residuals[first][:-1]}}}}
     with pytest.raises(pt.CheckpointError, match=rf"ternary residual of '{first}' has \d+ values, its mask keeps"):
         twin.load_state_dict(broken)
     assert twin.step_count == 0 and twin.masks() == {}
     twin.load_state_dict(saved)
     assert twin.step_count == 3
     for name, residual in residuals.items():
-        assert torch.equal(twin.pactrain_state._ternary.memory.residuals[name], residual), name
-    other_rank = {**saved, "pactrain": {**saved["pactrain"], "ternary": {**saved["pactrain"]["ternary"], "rank": -1}}}
+        assert torch.equal(twin.pactrain_state.quantized.memory.residuals[name], residual), name
+    earlier = {**saved, "pactrain": {("ternary" if key == "quantized" else "ternary_scales" if key == "quantized_scales"
+                                      else key): value for key, value in saved["pactrain"].items()}}
+    model_d = make_model()
+    older = pt.DistributedOptimizer(sgd(model_d), named_parameters=named(model_d, "mem"), packed_values="ternary",
+                                    sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0)
+    older.load_state_dict(earlier)  # the entries' earlier names
+    for name, residual in residuals.items():
+        assert torch.equal(older.pactrain_state.quantized.memory.residuals[name], residual), name
+    other_rank = {**saved, "pactrain": {**saved["pactrain"], "quantized": {**saved["pactrain"]["quantized"], "rank": -1}}}
     model_c = make_model()
     fresh = pt.DistributedOptimizer(sgd(model_c), named_parameters=named(model_c, "mem"), packed_values="ternary",
                                     sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0)
     fresh.load_state_dict(other_rank)  # another rank's memory is not this rank's: start from none
-    assert fresh.step_count == 3 and fresh.pactrain_state._ternary.memory.residuals == {}
+    assert fresh.step_count == 3 and fresh.pactrain_state.quantized.memory.residuals == {}
 
 
 def test_an_overflow_on_one_rank_skips_the_step_everywhere_and_leaves_the_error_memory_finite():
@@ -178,12 +186,12 @@ def test_an_overflow_on_one_rank_skips_the_step_everywhere_and_leaves_the_error_
         if step == 3 and hvd.rank() == 1:  # a surviving coordinate of a ternary tensor overflows, here only
             survivor = tuple(opt.masks()["amp.fc.weight"].nonzero()[0].tolist())
             loss = loss + model.fc.weight[survivor] * float("inf")
-        residuals = {n: r.clone() for n, r in opt.pactrain_state._ternary.memory.residuals.items()}
+        residuals = {n: r.clone() for n, r in opt.pactrain_state.quantized.memory.residuals.items()}
         skipped.append(amp_step(model, opt, scaler, loss))
         if step == 3:
-            assert residuals and all(torch.equal(opt.pactrain_state._ternary.memory.residuals[n], r) for n, r in residuals.items())
+            assert residuals and all(torch.equal(opt.pactrain_state.quantized.memory.residuals[n], r) for n, r in residuals.items())
     assert skipped == [False, False, False, True, False]
-    assert all(torch.isfinite(r).all() for r in opt.pactrain_state._ternary.memory.residuals.values())
+    assert all(torch.isfinite(r).all() for r in opt.pactrain_state.quantized.memory.residuals.values())
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert_same_on_all_ranks(dict(model.named_parameters()))
 
@@ -205,7 +213,7 @@ def test_scales_loaded_on_one_rank_reach_every_rank_and_the_codes_leave_from_the
         loss_of(model, step).backward()
         opt.step()
     saved = {"model": copy.deepcopy(model.state_dict()), "optimizer": opt.state_dict()}
-    scales = saved["optimizer"]["pactrain"]["ternary_scales"]
+    scales = saved["optimizer"]["pactrain"]["quantized_scales"]
     ternary = [name for name, p in opt._parameters.items() if opt.pactrain_state._compressors[p].lanes is not None]
     assert len(ternary) >= 2 and not scales.isnan().all()
     assert_same_on_all_ranks({"scales": scales.nan_to_num(-1)}, "held scales")  # NaN: no scale held
@@ -224,7 +232,7 @@ def test_scales_loaded_on_one_rank_reach_every_rank_and_the_codes_leave_from_the
     resumed.zero_grad()
     loss_of(resumed_model, 3).backward()
     for name in ternary:  # every rank asserts the same verdict (a rank that failed alone would leave the others waiting)
-        send, held = resumed._handles[resumed._parameters[name]][0], resumed.pactrain_state._ternary.scales.get(name)
+        send, held = resumed._handles[resumed._parameters[name]][0], resumed.pactrain_state.quantized.scales.get(name)
         ok = send.words_handle is not None and torch.equal(held, scales[list(resumed._parameters).index(name)])
         assert all_true(ok, f"held.{broadcast}.{name}"), f"{name}: rank 0's scale is not held on every rank"
     resumed.step()

@@ -1,7 +1,7 @@
 """Quantized values for packed tensors (ternary, int3): what each rank remembers between steps, and how they travel.
 
-As in ``pactrain_hvd.torch.ternary``: ``ErrorFeedback`` (``memory.py``) is the memory,
-``TernaryReduction`` moves the values. Each tensor's codes are rounded at a scale every rank
+As in ``pactrain_hvd.torch.quantized``: ``ErrorFeedback`` (``memory.py``) is the memory,
+``QuantizedReduction`` moves the values. Each tensor's codes are rounded at a scale every rank
 already holds (the previous step's MAX over ranks of ``local_scale``, a multiple of each rank's
 mean ``|value|``, in a variable), so its lane-packed int32 words go through an ordinary SUM
 all-reduce that waits for nothing but its own gradient; beside it, a MAX all-reduce of this step's
@@ -36,7 +36,7 @@ class NoiseSource:
         return self.generator.uniform([count], dtype=tf.float32)
 
 
-class TernaryReduction:
+class QuantizedReduction:
     """Stochastic quantized all-reduce of packed tensors at held scales, with error feedback (``levels`` levels
     each side of 0: 1 for ternary values).
 
@@ -45,7 +45,7 @@ class TernaryReduction:
 
     Example::
 
-        >>> reduction = TernaryReduction(hvd.global_process_set)
+        >>> reduction = QuantizedReduction(hvd.global_process_set)
         >>> reduction.track(name)                                       # once per prunable tensor
         >>> ternary = lambda: reduction.allreduce(name, compressor, grad, True, grad.dtype, "words")
         >>> grad, sent = tf.cond(tf.equal(compressor.plan, PACKED), ternary, plain)   # plain: not packed

@@ -1,7 +1,7 @@
 """Quantized values for packed tensors (ternary, int3): what each rank remembers between steps, and how they travel.
 
 GRACE's split: ``PacTrainCompressor.compress_codes`` decides what to send, ``ErrorFeedback``
-(``memory.py``) is the memory, ``TernaryReduction`` moves it. Each tensor's codes are rounded at a
+(``memory.py``) is the memory, ``QuantizedReduction`` moves it. Each tensor's codes are rounded at a
 scale every rank already holds: the MAX over ranks of the previous step's ``local_scale`` (a
 multiple of each rank's mean ``|value|``; identical everywhere, since it came from a collective).
 So the codes' SUM all-reduce starts from the gradient hook, as fp16 values do, with no blocking
@@ -23,7 +23,7 @@ import torch
 from horovod.torch.mpi_ops import allreduce_async_, synchronize
 
 from pactrain_hvd.core import CheckpointError
-from pactrain_hvd.core.lanes import NOISE_SEED, LaneLayout
+from pactrain_hvd.core.lanes import NOISE_SEED, LaneLayout, quantized_layout
 from pactrain_hvd.torch.compression import PacTrainCompressor
 from pactrain_hvd.torch.lanes import local_scale, stochastic_codes
 from pactrain_hvd.torch.memory import ErrorFeedback
@@ -54,7 +54,7 @@ class NoiseSource:
 
 
 @dataclass
-class TernarySend:
+class QuantizedSend:
     """One tensor's ternary all-reduce in flight: this step's MAX, and the codes once a scale is known."""
 
     name: str
@@ -68,19 +68,22 @@ class TernarySend:
     ctx: Any = None
 
 
-class TernaryReduction:
-    """Stochastic quantized all-reduce of packed tensors at held scales, with error feedback (``layout.levels``
-    levels each side of 0: 1 for ternary values).
+class QuantizedReduction:
+    """Stochastic quantized all-reduce of packed tensors at held scales, with error feedback (``levels`` levels
+    each side of 0: 1 for ternary values). The lane layout follows the process set's size (``layout``).
 
     Example::
 
-        >>> reduction = TernaryReduction(quantized_layout(hvd.size()), hvd.global_process_set)
+        >>> reduction = QuantizedReduction(hvd.global_process_set, levels=1)
         >>> send = reduction.start(name, grad, compressor, average=True)   # from the gradient hook
         >>> grad = reduction.finish(send)                                   # in synchronize()
     """
 
-    def __init__(self, layout: LaneLayout, process_set: hvd.ProcessSet) -> None:
-        self.layout = layout
+    def __init__(self, process_set: hvd.ProcessSet, levels: int = 1) -> None:
+        layout = quantized_layout(process_set.size(), levels)
+        if layout is None:
+            raise ValueError(f"{levels}-level codes do not fit int32 lanes on {process_set.size()} ranks: use fp16")
+        self.layout: LaneLayout = layout
         self.process_set = process_set
         self.memory = ErrorFeedback()
         self.noise = NoiseSource(NOISE_SEED + process_set.rank())
@@ -105,19 +108,19 @@ class TernaryReduction:
         self.scales = {name: value.to(devices[name]) for name, value in zip(names, vector.float())
                        if not torch.isnan(value)}
 
-    def start(self, name: str, grad: torch.Tensor, compressor: PacTrainCompressor, average: bool) -> TernarySend:
+    def start(self, name: str, grad: torch.Tensor, compressor: PacTrainCompressor, average: bool) -> QuantizedSend:
         """Launch ``name``'s MAX all-reduce, and its codes' SUM all-reduce where a scale is held. No sync."""
         values, local = self.gather(name, grad, compressor)
         max_handle = allreduce_async_(local.reshape(1), name=f"{name}.pactrain.scale", op=hvd.Max,
                                       process_set=self.process_set)
-        send = TernarySend(name, grad, compressor, values, float(self.layout.world_size) if average else 1.0,
+        send = QuantizedSend(name, grad, compressor, values, float(self.layout.world_size) if average else 1.0,
                            max_handle)
         scale = self.scales.get(name)
         if scale is not None:
             self._send_codes(send, scale)
         return send
 
-    def finish(self, send: TernarySend) -> torch.Tensor:
+    def finish(self, send: QuantizedSend) -> torch.Tensor:
         """Wait for ``send``, hold the next scale, and return the reduced gradient in the tensor's shape.
 
         Every rank gets the same MAX: where it is not finite (an overflow somewhere) the gradient is NaN on
@@ -141,7 +144,7 @@ class TernaryReduction:
         # An overflow on any rank makes the MAX inf on every rank (Horovod's MAX may drop a NaN).
         return values, torch.where(torch.isfinite(local), local, torch.full_like(local, float("inf")))
 
-    def quantize(self, send: TernarySend, scale: torch.Tensor) -> None:
+    def quantize(self, send: QuantizedSend, scale: torch.Tensor) -> None:
         """``send``'s codes at ``scale`` lane-packed into ``send.words``, and what rounding left out into the
         error memory (pending). No communication; ``send.values`` is spent."""
         values = send.values
@@ -151,6 +154,6 @@ class TernaryReduction:
         send.words, send.ctx = send.compressor.compress_codes(send.grad, codes, scale, send.divisor)
         self.memory.store(send.name, values, codes.mul_(scale / levels))  # both buffers are spent here
 
-    def _send_codes(self, send: TernarySend, scale: torch.Tensor) -> None:
+    def _send_codes(self, send: QuantizedSend, scale: torch.Tensor) -> None:
         self.quantize(send, scale)
         send.words_handle = allreduce_async_(send.words, name=send.name, op=hvd.Sum, process_set=self.process_set)
