@@ -80,6 +80,7 @@ class Binding:
             compressor = (PacTrainCompressor(shape=variable.shape, value_compression=self.compression)
                           if name in prunable else None)
             bound.add(name, variable, compressor)
+        bound.resize()
         if own_masks:  # proven equal on all ranks at the first step
             self.maintenance.install(bound.pruner.validate(own_masks))
         if self.pending_restore is not None:

@@ -45,7 +45,7 @@ class BoundTensors:
                                                name="pactrain_survivor_scales")
 
     def add(self, name: str, variable: tf.Variable, compressor: PacTrainCompressor | None) -> None:
-        """Bind one more variable; ``compressor``: its codec where it is prunable."""
+        """Bind one more variable; ``compressor``: its codec where it is prunable. Then ``resize``."""
         self.positions[variable.ref()] = len(self.names)
         self.names.append(name)
         self.pruner.variables[name] = variable
@@ -54,6 +54,9 @@ class BoundTensors:
             self.compressors[name] = compressor
             if self.quantized is not None:
                 self.quantized.track(name)
+
+    def resize(self) -> None:
+        """Per-position variables sized to the bound variables (after ``add``): nothing sent, scales 1."""
         self.sent_bytes.assign(-tf.ones([len(self.names)], tf.int64))
         self.survivor_scales.assign(tf.ones([len(self.names)]))
 
