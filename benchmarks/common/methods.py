@@ -30,14 +30,12 @@ from dataclasses import dataclass, replace
 
 from pactrain_hvd.core.encodings import ENCODINGS
 from pactrain_hvd.core.schedule import short_ramp
-from pactrain_hvd.planner.methods import sync_interval
+from pactrain_hvd.planner.methods import DEFAULT_POWERSGD_RANK, DEFAULT_TOPK_DENSITY, read_name, sync_interval
 
 DEFAULT_METHODS = ("dense", "fp16", "topk", "powersgd", "pactrain-0.8", "pactrain-0.8-fp16", "pactrain-0.9",
                    "pactrain-0.9-fp16", "pactrain-0.95", "pactrain-0.95-fp16",
                    "ddp", "ddp-fp16", "ddp-powersgd", "ddp-pactrain-0.9-fp16")
 QUICK_METHODS = ("dense", "topk", "powersgd", "pactrain-0.9-fp16")
-TOPK_DENSITY = 0.01
-POWERSGD_RANK = 4
 TF_FRONTENDS = ("tf", "keras")
 TF_METHODS = ("tf-dense", "tf-fp16", "tf-pactrain-0.9-fp16", "tf-pactrain-0.9-ternary",
               "keras-dense", "keras-fp16", "keras-pactrain-0.9-fp16", "keras-pactrain-0.9-ternary")
@@ -50,8 +48,8 @@ class MethodSpec:
     sparsity: float = 0.0
     fp16_values: bool = False
     packed_values: str = "inherit"  # PacTrain: the packed_values= argument
-    density: float = TOPK_DENSITY
-    rank: int = POWERSGD_RANK
+    density: float = DEFAULT_TOPK_DENSITY
+    rank: int = DEFAULT_POWERSGD_RANK
     window: tuple[float, float] | None = None  # PacTrain: (begin, end) as fractions of the run
     ramp: int | None = None  # PacTrain: a short ramp of this many steps from step 0 (``pt.short_ramp``)
     local_steps: int = 0  # PacTrain: steps every rank trains alike on the same batches, uncommunicated, before masks
@@ -75,7 +73,8 @@ class MethodSpec:
 
 
 def parse_method(name: str) -> MethodSpec:
-    """``"pactrain-0.9-fp16"`` -> ``MethodSpec(kind="pactrain", sparsity=0.9, fp16_values=True)``."""
+    """``"pactrain-0.9-fp16"`` -> ``MethodSpec(kind="pactrain", sparsity=0.9, fp16_values=True)``: the planner's
+    grammar (``pactrain_hvd.planner.methods.read_name``) behind a frontend prefix (``ddp-``, ``tf-``, ``keras-``)."""
     if name == "ddp" or name.startswith("ddp-"):
         if match := re.fullmatch(r"ddp-average-h(\d+)", name):
             return MethodSpec(name, "average", sync_every=sync_interval(name, match.group(1)), frontend="ddp")
@@ -90,43 +89,22 @@ def parse_method(name: str) -> MethodSpec:
         if spec.kind not in ("dense", "fp16", "pactrain") or spec.frontend != "horovod" or spec.sync_every > 1:
             raise ValueError(f"method {name!r}: TensorFlow runs dense, fp16 and pactrain methods")
         return replace(spec, name=name, frontend=frontend)
-    if name == "dense":
-        return MethodSpec(name, "dense")
-    if name == "fp16":
-        return MethodSpec(name, "fp16", fp16_values=True)
-    if match := re.fullmatch(r"topk(?:-(0?\.\d+|1(?:\.0)?))?", name):
-        density = float(match.group(1)) if match.group(1) else TOPK_DENSITY
-        if not 0 < density <= 1:
-            raise ValueError(f"method {name!r}: Top-k density must be in (0, 1]")
-        return MethodSpec(name, "topk", density=density)
-    if match := re.fullmatch(r"(dgc|randomk)-(0?\.\d+)", name):
-        density = float(match.group(2))
-        if not 0 < density < 1:
-            raise ValueError(f"method {name!r}: the density must be in (0, 1)")
-        return MethodSpec(name, match.group(1), density=density)
-    if match := re.fullmatch(r"diloco-h(\d+)-(fp16|fp32)", name):
-        return MethodSpec(name, "diloco", fp16_values=match.group(2) == "fp16", sync_every=sync_interval(name, match.group(1)))
-    if match := re.fullmatch(r"powersgd(?:-r(\d+))?", name):
-        rank = int(match.group(1)) if match.group(1) else POWERSGD_RANK
-        if rank < 1:
-            raise ValueError(f"method {name!r}: PowerSGD rank must be >= 1")
-        return MethodSpec(name, "powersgd", rank=rank)
-    if match := re.fullmatch(r"pactrain-(0?\.\d+)(-fp16|-ternary|-int3)?(?:-w(\d*\.?\d+)-(\d*\.?\d+)|-ramp(\d+))?(?:-local(\d+))?(-rescale)?(?:-sync(\d+))?",
-                             name):
-        window = (float(match.group(3)), float(match.group(4))) if match.group(3) else None
-        if window is not None and not 0 <= window[0] <= window[1] <= 1:
-            raise ValueError(f"method {name!r}: the pruning window must be 0 <= begin <= end <= 1")
-        ramp = int(match.group(5)) if match.group(5) else None
-        values = (match.group(2) or "-inherit")[1:]  # fp16 values: Compression.fp16, packed values inherit it
-        return MethodSpec(name, "pactrain", sparsity=float(match.group(1)), fp16_values=values == "fp16",
-                          packed_values="inherit" if values == "fp16" else values, window=window, ramp=ramp,
-                          local_steps=int(match.group(6) or 0), rescale_survivors=bool(match.group(7)),
-                          sync_every=sync_interval(name, match.group(8)) if match.group(8) else 1)
-    raise ValueError(f"unknown method {name!r}: use dense, fp16, topk[-DENSITY], dgc-DENSITY, randomk-DENSITY, "
-                     "powersgd[-rRANK], diloco-hH-fp16|fp32, "
-                     "pactrain-SPARSITY[-fp16|-ternary|-int3][-wBEGIN-END|-rampSTEPS][-localSTEPS][-rescale][-syncH], "
-                     "each also as ddp-NAME (ddp alone: dense; ddp-average-hH: PeriodicModelAverager); "
-                     "dense, fp16 and pactrain also as tf-NAME (tape loop) and keras-NAME (model.fit)")
+    try:
+        parts = read_name(name)
+    except ValueError as error:
+        if not str(error).startswith("unknown method"):
+            raise
+        raise ValueError(f"{error}: use dense, fp16, topk[-DENSITY], dgc-DENSITY, randomk-DENSITY, powersgd[-rRANK], "
+                         "diloco-hH-fp16|fp32, pactrain-SPARSITY[-fp16|-bf16|-ternary|-int3][-wBEGIN-END|-rampSTEPS]"
+                         "[-localSTEPS][-rescale][-syncH], each also as ddp-NAME (ddp alone: dense; ddp-average-hH: "
+                         "PeriodicModelAverager); dense, fp16 and pactrain also as tf-NAME (tape loop) and keras-NAME "
+                         "(model.fit)") from None
+    fp16_values = parts.values == "fp16" or parts.kind == "fp16"  # packed values inherit Compression.fp16
+    return MethodSpec(name, parts.kind, sparsity=parts.sparsity, fp16_values=fp16_values,
+                      packed_values="inherit" if parts.values in ("fp32", "fp16") else parts.values,
+                      density=parts.density, rank=parts.rank, window=parts.window, ramp=parts.ramp,
+                      local_steps=parts.local_steps, rescale_survivors=parts.rescale_survivors,
+                      sync_every=parts.sync_every)
 
 
 def worker_module(spec: MethodSpec) -> str:

@@ -101,6 +101,87 @@ class Method:
         return f"PacTrain {self.sparsity:g}, {self.values} values"
 
 
+@dataclass(frozen=True)
+class MethodName:
+    """Everything a method name says (``read_name``): the one grammar the planner and the repository's benchmark share.
+
+    Attributes:
+        kind: ``dense``, ``fp16``, ``topk``, ``dgc``, ``randomk``, ``powersgd``, ``pactrain`` or ``diloco``.
+        sparsity: PacTrain's fraction pruned, in [0, 1).
+        values: PacTrain's packed values or DiLoCo's outer values: ``fp32``, ``fp16``, ``bf16``, ``ternary``, ``int3``.
+        density: Top-k's, DGC's or Random-k's fraction of each tensor sent.
+        rank: PowerSGD's rank.
+        sync_every: local steps: one sync every this many steps (1: every step).
+        window: PacTrain's pruning window as fractions of the run (``-w0-0.3``); None: the default window.
+        ramp: PacTrain: a short ramp from step 0 over this many steps (``-ramp50``).
+        local_steps: PacTrain: steps every rank trains alike before the masks (``-local40``).
+        rescale_survivors: PacTrain: step 0's survivors take their tensor's norm (``-rescale``).
+    """
+
+    kind: str
+    sparsity: float = 0.0
+    values: str = "fp32"
+    density: float = DEFAULT_TOPK_DENSITY
+    rank: int = DEFAULT_POWERSGD_RANK
+    sync_every: int = 1
+    window: tuple[float, float] | None = None
+    ramp: int | None = None
+    local_steps: int = 0
+    rescale_survivors: bool = False
+
+
+_PACTRAIN = re.compile(rf"pactrain-(\d*\.?\d+)(?:-({'|'.join(VALUES)}))?(?:-w(\d*\.?\d+)-(\d*\.?\d+)|-ramp(\d+))?"
+                       r"(?:-local(\d+))?(-rescale)?(?:-sync(\d+))?")
+
+
+def read_name(name: str) -> MethodName:
+    """Read a method name into its parts, its numbers checked: ``dense``, ``fp16``, ``topk[-DENSITY]``,
+    ``dgc-DENSITY``, ``randomk-DENSITY``, ``powersgd[-rRANK]``, ``diloco-hH-fp16|fp32`` and
+    ``pactrain-SPARSITY[-VALUES][-wBEGIN-END|-rampSTEPS][-localSTEPS][-rescale][-syncH]``.
+
+    Args:
+        name: the method's name.
+
+    Returns:
+        Its parts.
+
+    Raises:
+        TypeError: ``name`` is not a string.
+        ValueError: the name is unknown or a number is out of range; the message says which.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"a method name must be a string, got {type(name).__name__}")
+    if name in ("dense", "fp16"):
+        return MethodName(name)
+    if match := re.fullmatch(r"(topk|dgc|randomk)(?:-(\d*\.?\d+))?", name):
+        kind, density = match.group(1), float(match.group(2) or DEFAULT_TOPK_DENSITY)
+        if kind != "topk" and not match.group(2):
+            raise ValueError(f"method {name!r}: {kind} needs its density, e.g. {kind}-0.01")
+        whole = kind == "topk"
+        if not (0 < density <= 1 if whole else 0 < density < 1):
+            raise ValueError(f"method {name!r}: the density must be in (0, {'1]' if whole else '1)'}")
+        return MethodName(kind, density=density)
+    if match := re.fullmatch(r"powersgd(?:-r(\d+))?", name):
+        rank = int(match.group(1) or DEFAULT_POWERSGD_RANK)
+        if rank < 1:
+            raise ValueError(f"method {name!r}: PowerSGD rank must be >= 1")
+        return MethodName("powersgd", rank=rank)
+    if match := re.fullmatch(r"diloco-h(\d+)-(fp16|fp32)", name):
+        return MethodName("diloco", values=match.group(2), sync_every=sync_interval(name, match.group(1)))
+    if match := _PACTRAIN.fullmatch(name):
+        sparsity = float(match.group(1))
+        if not 0 <= sparsity < 1:
+            raise ValueError(f"method {name!r}: sparsity must be in [0, 1)")
+        window = (float(match.group(3)), float(match.group(4))) if match.group(3) else None
+        if window is not None and not 0 <= window[0] <= window[1] <= 1:
+            raise ValueError(f"method {name!r}: the pruning window must be 0 <= begin <= end <= 1")
+        return MethodName("pactrain", sparsity=sparsity, values=match.group(2) or "fp32", window=window,
+                          ramp=int(match.group(5)) if match.group(5) else None, local_steps=int(match.group(6) or 0),
+                          rescale_survivors=bool(match.group(7)),
+                          sync_every=sync_interval(name, match.group(8)) if match.group(8) else 1)
+    raise ValueError(f"unknown method {name!r}")
+
+
 def parse_method(name: str) -> Method:
     """Parse a method name: ``"pactrain-0.9-fp16"`` -> ``Method(kind="pactrain", sparsity=0.9, values="fp16")``.
 
@@ -116,35 +197,26 @@ def parse_method(name: str) -> Method:
 
     Raises:
         TypeError: ``name`` is not a string.
-        ValueError: the name is unknown or its numbers are out of range; the message lists the valid forms.
+        ValueError: the name is unknown, names a method the planner has no traffic model for (``dgc``, ``randomk``),
+            or its numbers are out of range; the message says which.
     """
-    if not isinstance(name, str):
-        raise TypeError(f"a method name must be a string, got {type(name).__name__}")
-    if name in ("dense", "fp16"):
-        return Method(name, name)
-    if match := re.fullmatch(r"diloco-h(\d+)-(fp16|fp32)", name):
-        return Method(name, "fp16" if match.group(2) == "fp16" else "dense", sync_every=sync_interval(name, match.group(1)))
-    if match := re.fullmatch(r"topk(?:-(\d*\.?\d+))?", name):
-        density = float(match.group(1)) if match.group(1) else DEFAULT_TOPK_DENSITY
-        if not 0 < density <= 1:
-            raise ValueError(f"method {name!r}: Top-k density must be in (0, 1]")
-        return Method(name, "topk", density=density)
-    if match := re.fullmatch(r"powersgd(?:-r(\d+))?", name):
-        rank = int(match.group(1)) if match.group(1) else DEFAULT_POWERSGD_RANK
-        if rank < 1:
-            raise ValueError(f"method {name!r}: PowerSGD rank must be >= 1")
-        return Method(name, "powersgd", rank=rank)
-    pattern = r"pactrain-(\d*\.?\d+)(?:-(fp16|bf16|ternary|int3|fp32))?(?:-w\d*\.?\d+-\d*\.?\d+|-ramp\d+)?(?:-local\d+)?(?:-rescale)?(?:-sync(\d+))?"
-    if match := re.fullmatch(pattern, name):
-        sparsity = float(match.group(1))
-        if not 0 <= sparsity < 1:
-            raise ValueError(f"method {name!r}: sparsity must be in [0, 1)")
-        values = match.group(2) or "fp32"
-        sync = f"-sync{match.group(3)}" if match.group(3) else ""
-        return Method(f"pactrain-{match.group(1)}" + (f"-{values}" if values != "fp32" else "") + sync, "pactrain",
-                      sparsity=sparsity, values=values, sync_every=sync_interval(name, match.group(3)) if sync else 1)
-    raise ValueError(f"unknown method {name!r}: use dense, fp16, topk[-DENSITY], powersgd[-rRANK], "
-                     f"pactrain-SPARSITY[-{'|-'.join(VALUES[1:])}][-syncH] or diloco-hH-fp16|fp32")
+    try:
+        parts = read_name(name)
+    except ValueError as error:
+        if not str(error).startswith("unknown method"):
+            raise
+        raise ValueError(f"{error}: use dense, fp16, topk[-DENSITY], powersgd[-rRANK], "
+                         f"pactrain-SPARSITY[-{'|-'.join(VALUES[1:])}][-syncH] or diloco-hH-fp16|fp32") from None
+    sync = f"-sync{parts.sync_every}" if parts.sync_every > 1 else ""
+    if parts.kind in ("dgc", "randomk"):
+        raise ValueError(f"method {name!r}: the planner has no traffic model for {parts.kind}; it compares dense, fp16, "
+                         "topk, powersgd, pactrain and diloco methods")
+    if parts.kind == "diloco":
+        return Method(name, "fp16" if parts.values == "fp16" else "dense", sync_every=parts.sync_every)
+    if parts.kind == "pactrain":
+        canonical = f"pactrain-{name.split('-')[1]}" + (f"-{parts.values}" if parts.values != "fp32" else "") + sync
+        return Method(canonical, "pactrain", sparsity=parts.sparsity, values=parts.values, sync_every=parts.sync_every)
+    return Method(name, parts.kind, density=parts.density, rank=parts.rank)
 
 
 def sync_interval(name: str, digits: str) -> int:

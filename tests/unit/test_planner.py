@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from benchmarks.common.methods import parse_method as benchmark_method
 from pactrain_hvd.core.masks import erk_sparsities, num_to_keep
 from pactrain_hvd.planner import Costs, HorovodConfig, Link, Tensor, load_curves, parse_method, predict, traffic
 from pactrain_hvd.planner.coordination import MEASURED, Coordination, with_coordination
@@ -206,3 +207,23 @@ def test_coordination_is_noise_on_a_fast_link():
     free = predict(parse_method("fp16"), tensors, 8, Link.gbit(10), costs, config)
     busy = predict(parse_method("fp16"), tensors, 8, Link.gbit(10), costs, config, MEASURED)
     assert busy.step_s == pytest.approx(free.step_s, rel=0.01) and busy.coordination_bytes > 0
+
+
+SHARED_NAMES = ("dense", "fp16", "topk", "topk-0.001", "powersgd-r8", "pactrain-0.9", "pactrain-0.9-fp16",
+                "pactrain-0.95-ternary-w0-0", "pactrain-0.9-int3-w0-0-rescale-sync25", "diloco-h25-fp16", "diloco-h10-fp32")
+
+
+@pytest.mark.parametrize("name", SHARED_NAMES)
+def test_the_benchmark_and_the_planner_read_a_name_alike(name):
+    spec, method = benchmark_method(name), parse_method(name)
+    assert (spec.sparsity, spec.density, spec.rank, spec.sync_every) == (method.sparsity, method.density, method.rank,
+                                                                         method.sync_every)
+    assert spec.levels == method.levels and spec.fp16_values == (method.values == "fp16" or method.kind == "fp16")
+    assert spec.kind == method.kind or (spec.kind, method.kind) in (("diloco", "dense"), ("diloco", "fp16"))
+
+
+@pytest.mark.parametrize("name, message", [("dgc-0.01", "no traffic model for dgc"), ("randomk-0.1", "randomk"),
+                                            ("dgc", "needs its density"), ("randomk-1", r"in \(0, 1\)")])
+def test_the_planner_names_what_it_has_no_model_for(name, message):
+    with pytest.raises(ValueError, match=message):
+        parse_method(name)
