@@ -154,6 +154,11 @@ def write(protocol: Protocol, record: dict, out: Path) -> str:
         if not result.get("pending"):
             plot_cell(protocol, record, result, out / f"{name}.png")
             lines += ["", f"![{name}]({name}.png)"]
+    if record.get("set_aside"):
+        lines += ["", "## Runs set aside", "", "Each was repeated; its accuracy stands, its clocks are not the method's.",
+                  "", "| cell | method | seed | why |", "|---|---|---:|---|"]
+        lines += [f"| `{a['run']['cell']}` | `{a['run']['method']}` | {a['run']['seed']} | {a['reason']} |"
+                  for a in record["set_aside"]]
     markdown = "\n".join(lines) + "\n"
     (out / "results.md").write_text(markdown)
     return markdown

@@ -2,6 +2,7 @@
 
     python -m benchmarks protocol run benchmarks/protocol/evidence.toml --stage selection
     python -m benchmarks protocol run benchmarks/protocol/evidence.toml --stage final --cells image-10mbit
+    python -m benchmarks protocol set-aside benchmarks/protocol/evidence.toml
     python -m benchmarks protocol report benchmarks/protocol/evidence.toml --readme README.md
     python -m benchmarks protocol run benchmarks/protocol/quick.toml --stage all --record /tmp/quick.json
 
@@ -9,7 +10,8 @@ A part runs every planned run that is not in the record yet and appends each to 
 so a stop loses at most the run in flight. The final stage runs each family's setting chosen by the
 selection (computed from the record, ``verdicts.selection``) and refuses to start before the selection is
 complete. Every run records its method, setting, seed, curve ``[training s, step, metric, NIC bytes]``,
-wall seconds, start-up, evaluation times, load, step phases and the commit that ran it.
+wall seconds, start-up, evaluation times, load, step phases and the commit that ran it. ``set-aside``
+moves the final runs that shared the cores with other work out of the verdicts (``quiet.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from benchmarks.links.links import Loopback, Topology, namespaces_unavailable, parse_link
-from benchmarks.protocol import report
+from benchmarks.protocol import quiet, report
 from benchmarks.protocol.spec import Protocol, ProtocolError, load_protocol
 from benchmarks.protocol.verdicts import loopback_cell, runs_of, selection, verdicts
 from benchmarks.runner.probing import probe_links, probe_round_trip
@@ -185,7 +187,7 @@ def run_stage(protocol: Protocol, stage: str, path: Path, cells: list[str] | Non
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks protocol", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=("run", "report"))
+    parser.add_argument("action", choices=("run", "report", "set-aside"))
     parser.add_argument("protocol", type=Path)
     parser.add_argument("--stage", choices=("selection", "final", "all"), default="all")
     parser.add_argument("--cells", nargs="+", default=None, help="only these cells (and their loopback targets)")
@@ -205,6 +207,13 @@ def main(argv: list[str] | None = None) -> int:
             unknown = sorted(set(args.cells) - set(protocol.cells))
             if unknown:
                 raise ProtocolError(f"--cells {' '.join(unknown)}: not cells of {args.protocol} ({sorted(protocol.cells)})")
+        if args.action == "set-aside":
+            record = load_record(protocol, path)
+            for moved in quiet.set_aside(protocol, record):
+                run = moved["run"]
+                print(f"[protocol] set aside {run['cell']} {run['method']} seed {run['seed']}: {moved['reason']}")
+            save_record(path, record)
+            return 0
         if args.action == "report":
             record = load_record(protocol, path)
             print(report.write(protocol, record, path.parent), flush=True)

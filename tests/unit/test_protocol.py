@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.baselines.dgc import WARMUP_DENSITIES, index_dtype, warmup_density
-from benchmarks.protocol import report
-from benchmarks.protocol.run import Planned, load_record, plan
+from benchmarks.protocol import quiet, report
+from benchmarks.protocol.run import Planned, done, load_record, plan
 from benchmarks.protocol.spec import ProtocolError, load_protocol
 from benchmarks.protocol.verdicts import NEVER, compare, selection, time_to_target, verdicts
 
@@ -236,3 +236,23 @@ def test_making_a_preregistered_family_available_keeps_the_digest_and_any_other_
         path.write_text(version)
         digests[name] = load_protocol(path).digest
     assert digests["evidence"] == digests["preregistered"] != digests["edited"]
+
+
+def test_a_final_run_that_shared_the_cores_is_set_aside_with_its_reason_and_planned_again(small, tmp_path):
+    record = record_for(small, {"pactrain": {1: 30, 2: 30, 3: 30}, "topk": {1: 50, 2: 50, 3: 50},
+                                "fp16": {1: 100, 2: 100, 3: 100}})
+    for run in record["runs"]:
+        run["load"] = [2.5, 2.4, 2.2]
+    crowded = next(r for r in record["runs"] if (r["stage"], r["cell"], r["family"], r["seed"]) == ("final", "slow", "topk", 2))
+    crowded["load"] = [2.5, 4.5, 3.0]  # the 5-minute average: other work earlier in the run
+    selection_crowded = record["runs"][1]
+    selection_crowded["load"] = [6.0, 6.0, 6.0]  # selection and loopback runs are never set aside
+    record["runs"][-1]["load"] = [4.0, 4.0, 4.0]  # at the limit (2 workers + 2): quiet enough
+    moved = quiet.set_aside(small, record)
+    assert [m["run"] for m in moved] == [crowded] and crowded not in record["runs"]
+    assert "4.50 (5 min)" in moved[0]["reason"] and "above 4" in moved[0]["reason"]
+    assert selection_crowded in record["runs"] and quiet.set_aside(small, record) == []
+    again = [run for run in plan(small, record, "final") if not done(record, run)]
+    assert again == [Planned("final", "slow", "topk", "dgc-0.01", 2)]
+    markdown = report.write(small, record, tmp_path)
+    assert "| `slow` | `dgc-0.01` | 2 | load average 2.50 (1 min), 4.50 (5 min)" in markdown
