@@ -41,9 +41,6 @@ from pactrain_hvd.core import (
     check_saved_world_size,
     saved_by_this_rank,
 )
-from pactrain_hvd.core.agreement import horovod_settings
-from pactrain_hvd.core.config import horovod_op, reduce_op_name
-from pactrain_hvd.core.encodings import ENCODINGS, packed_values_argument
 from pactrain_hvd.core.keywords import LOCAL_STEP_KEYWORDS, documents_keywords, pactrain_keywords
 from pactrain_hvd.core.lanes import quantized_layout
 from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
@@ -107,32 +104,28 @@ class PacTrainState(tf.train.experimental.PythonState):
         optimizer: Any = None,
         **pactrain: Any,
     ) -> None:
-        # warns at the caller if values= is given (this frame, the keyword wrapper's, then the caller's)
-        packed_values = packed_values_argument(pactrain.pop("packed_values"), pactrain.pop("values"), stacklevel=4)
-        prunable, op = pactrain["prunable"], horovod_op(hvd, op)  # op None: Average, as Horovod reads it
-        self.config, own_masks, groups = checked_arguments(
+        # stacklevel: values= warns at the caller (checked_arguments, this frame, the keyword wrapper's, the caller's)
+        settings, own_masks = checked_arguments(
             compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor, groups=groups,
-            packed_values=packed_values, process_set=process_set, device_dense=device_dense,
-            device_sparse=device_sparse, optimizer=optimizer, **pactrain)
-        encoding = ENCODINGS[packed_values]
+            process_set=process_set, device_dense=device_dense, device_sparse=device_sparse, optimizer=optimizer,
+            stacklevel=4, **pactrain)
+        self.config, encoding = settings.config, settings.encoding
         layout = quantized_layout(process_set.size(), encoding.levels) if encoding.quantized else None
         self._encoding = encoding.reported(lanes_fit=layout is not None)
         self.reduction = ReductionArguments(
-            compression=compression, sparse_as_dense=bool(sparse_as_dense), op=op,
-            gradient_predivide_factor=float(gradient_predivide_factor), groups=groups, process_set=process_set,
+            compression=compression, sparse_as_dense=bool(sparse_as_dense), op=settings.op,
+            gradient_predivide_factor=float(gradient_predivide_factor), groups=settings.groups, process_set=process_set,
             device_dense=device_dense, device_sparse=device_sparse, scale_local_gradients=bool(scale_local_gradients),
-            packed_values=packed_values,
+            packed_values=settings.packed_values,
             packed_compression=encoding.wire_of(PACKED_WIRES, "horovod.tensorflow") or compression)
-        op_name = reduce_op_name(hvd, op, gradient_predivide_factor)
-        pruner = Pruner({}, [], self.config.schedule, self.config.ranking, process_set, settings={
-            **self.config.shared_settings(), "packed_values": packed_values,
-            **horovod_settings(op_name, compression, groups, 1, gradient_predivide_factor)})
+        pruner = Pruner({}, [], self.config.schedule, self.config.ranking, process_set,
+                        settings=settings.agreed(compression))
         # A rank outside the process set never reduces.
         quantized = (QuantizedReduction(process_set, encoding.levels)
                      if layout is not None and process_set.included() else None)
         self.bound = BoundTensors(pruner, quantized)
         self.maintenance = Maintenance(self.bound, self.config, optimizer, tfmot_masks={})
-        self.binding = Binding(self.bound, self.maintenance, prunable, compression, own_masks, self.restore)
+        self.binding = Binding(self.bound, self.maintenance, pactrain["prunable"], compression, own_masks, self.restore)
         self.engine = HorovodEngine(self.bound, self.binding, self.maintenance, self.reduction)
 
     # -- what users read ------------------------------------------------------------------------

@@ -30,7 +30,7 @@ def state_arguments(**kwargs: Any) -> dict[str, Any]:
     """All of ``PacTrainState``'s arguments (defaults filled in), checked without making one."""
     bound = inspect.signature(PacTrainState).bind(**kwargs)
     bound.apply_defaults()
-    checked_arguments(**bound.arguments)
+    checked_arguments(**bound.arguments, stacklevel=5)  # the tape's caller; packed_values is read by then
     return dict(bound.arguments)
 
 

@@ -8,16 +8,7 @@ from typing import Any
 import horovod.torch as hvd
 import torch
 
-from pactrain_hvd.core import PacTrainConfig
-from pactrain_hvd.core.config import (
-    check_process_set,
-    checked_groups,
-    passes_per_step,
-    reduce_op_name,
-    require_initialized,
-)
-from pactrain_hvd.core.encodings import ENCODINGS
-from pactrain_hvd.core.own_masks import schedule_sparsity
+from pactrain_hvd.core.settings import Settings, resolve
 from pactrain_hvd.torch.compression import PACKED_WIRES
 from pactrain_hvd.torch.pruning import host_masks
 
@@ -57,28 +48,16 @@ def checked_parameters(optimizer: torch.optim.Optimizer, named: Iterable | None)
     return parameters
 
 
-def checked_arguments(*, backward_passes_per_step: Any, compression: Any, op: Any, gradient_predivide_factor: float,
-                      groups: Any, process_set: Any,
-                      packed_values: str, sparsity: float, masks: Any, continue_pruning: bool,
-                      **schedule_and_plan: Any) -> tuple[PacTrainConfig, int | list | None]:
-    """The PacTrain config and ``groups`` (a number as an ``int``); ``packed_values`` as
-    ``core.encodings.packed_values_argument`` read it."""
-    config = PacTrainConfig.from_arguments(sparsity=schedule_sparsity(sparsity, masks is not None, continue_pruning),
-                                           **schedule_and_plan)
-    passes_per_step(backward_passes_per_step)
+def checked_arguments(pactrain: dict[str, Any], *, compression: Any, stacklevel: int, **horovod: Any) -> Settings:
+    """The settings (``core.settings.resolve``) and what only torch checks: the compressor and given masks.
+    ``pactrain``: the PacTrain keywords; ``horovod``: Horovod's reduction arguments; ``stacklevel``: frames from
+    here up to the façade's caller."""
+    settings = resolve(hvd, pactrain, caller="pactrain_hvd.torch.DistributedOptimizer", tensors="torch.Tensor",
+                       wires=PACKED_WIRES, stacklevel=stacklevel + 1, **horovod)
     # a Compressor class or, as Horovod takes it too, an instance of one (its methods are static)
     if not (callable(getattr(compression, "compress", None)) and callable(getattr(compression, "decompress", None))):
         raise TypeError(f"compression must be a Horovod compressor such as hvd.Compression.fp16 or "
                         f"hvd.Compression.none, got {compression!r} ({type(compression).__name__})")
-    op_name = reduce_op_name(hvd, op, gradient_predivide_factor)
-    if config.sync_every > 1 and op_name != "Average":
-        raise ValueError(f"sync_every={config.sync_every} needs op=hvd.Average (the outer sync averages the ranks' "
-                         f"progress; local steps reduce no gradients), got op=hvd.{op_name}")
-    groups = checked_groups(groups, "torch.Tensor")
-    check_process_set(hvd, process_set)
-    if isinstance(masks, Mapping):
-        host_masks(dict(masks))  # each mask readable as a tensor, refused by name (not deep in torch)
-    ENCODINGS[packed_values].check(op_name, groups is not None)
-    ENCODINGS[packed_values].wire_of(PACKED_WIRES, "horovod.torch")
-    require_initialized(hvd, "pactrain_hvd.torch.DistributedOptimizer")
-    return config, groups
+    if isinstance(pactrain["masks"], Mapping):
+        host_masks(dict(pactrain["masks"]))  # each mask readable as a tensor, refused by name (not deep in torch)
+    return settings

@@ -18,9 +18,6 @@ import torch
 from horovod.torch.compression import Compression, Compressor
 
 from pactrain_hvd.core import PacTrainConfig
-from pactrain_hvd.core.agreement import horovod_settings
-from pactrain_hvd.core.config import config_arguments, horovod_op, reduce_op_name
-from pactrain_hvd.core.encodings import packed_values_argument
 from pactrain_hvd.core.facade import StateReadings
 from pactrain_hvd.core.keywords import documents_keywords, pactrain_keywords
 from pactrain_hvd.torch import checkpoint
@@ -89,28 +86,21 @@ class DistributedOptimizer(HorovodEngine, StateReadings, torch.optim.Optimizer):
             warnings.warn("num_groups has been replaced by groups (as in Horovod)", DeprecationWarning, stacklevel=3)
             groups = num_groups if groups is None else groups
         parameters = checked_parameters(optimizer, named_parameters)
-        op = horovod_op(hvd, op)  # None: Average, as Horovod reads it
-        # warns at the caller if values= is given (this frame, the keyword wrapper's, then the caller's)
-        packed_values = packed_values_argument(pactrain.pop("packed_values"), pactrain.pop("values"), stacklevel=4)
-        masks = pactrain["masks"]
-        config, groups = checked_arguments(
-            backward_passes_per_step=backward_passes_per_step, compression=compression, op=op,
-            gradient_predivide_factor=gradient_predivide_factor, process_set=process_set,
-            groups=groups, packed_values=packed_values, masks=masks, continue_pruning=pactrain["continue_pruning"],
-            **config_arguments(pactrain))
+        # stacklevel: values= warns at the caller (checked_arguments, this frame, the keyword wrapper's, the caller's)
+        settings = checked_arguments(pactrain, compression=compression, stacklevel=4, op=op,
+                                     gradient_predivide_factor=gradient_predivide_factor, groups=groups,
+                                     process_set=process_set, backward_passes_per_step=backward_passes_per_step)
         self._optimizer = optimizer
-        self.backward_passes_per_step = int(backward_passes_per_step)
-        self.op = op
+        self.backward_passes_per_step = settings.backward_passes_per_step
+        self.op = settings.op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
-        self.packed_values = packed_values
-        state = PacTrainState(parameters, optimizer, config, prunable=pactrain["prunable"], masks=masks,
-                              compression=compression,
-                              packed_values=packed_values, process_set=process_set,
-                              settings=horovod_settings(reduce_op_name(hvd, op, gradient_predivide_factor), compression,
-                                                        groups, backward_passes_per_step, gradient_predivide_factor))
-        self._start_engine(state, groups)
+        self.packed_values = settings.packed_values
+        state = PacTrainState(parameters, optimizer, settings.config, prunable=pactrain["prunable"],
+                              masks=pactrain["masks"], compression=compression, packed_values=settings.packed_values,
+                              process_set=process_set, settings=settings.agreed(compression))
+        self._start_engine(state, settings.groups)
 
     # -- what a torch.optim.Optimizer exposes, shared with the wrapped optimizer ----------------
     param_groups = _shared("param_groups")

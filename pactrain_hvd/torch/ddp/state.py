@@ -15,14 +15,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from pactrain_hvd.core import CheckpointError, PacTrainConfig, StepStats, TensorStats
-from pactrain_hvd.core.config import config_arguments
+from pactrain_hvd.core import CheckpointError, StepStats, TensorStats
 from pactrain_hvd.core.cycle import PruningCycle
-from pactrain_hvd.core.encodings import ENCODINGS, packed_values_argument
+from pactrain_hvd.core.encodings import ENCODINGS
 from pactrain_hvd.core.keywords import LOCAL_STEP_KEYWORDS, documents_keywords, pactrain_keywords
 from pactrain_hvd.core.lanes import LaneLayout, quantized_layout
 from pactrain_hvd.core.lifecycle import StepLifecycle
 from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings, saved_by_this_rank
+from pactrain_hvd.core.settings import pactrain_settings
 from pactrain_hvd.torch.checkpoint import saved_step_and_masks
 from pactrain_hvd.torch.ddp.buckets import BucketPlan, BucketPlans
 from pactrain_hvd.torch.memory import ErrorFeedback
@@ -95,8 +95,7 @@ class PacTrainHookState(PruningReadout, SharedMaskOperations):
     @pactrain_keywords(without=DDP_WITHOUT)
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  process_group: dist.ProcessGroup | None = None, **pactrain: Any) -> None:
-        self.config = PacTrainConfig.from_arguments(**config_arguments(pactrain))
-        packed_values = packed_values_argument(pactrain["packed_values"])
+        self.config, packed_values = pactrain_settings(pactrain, stacklevel=4)
         self.packed_values = packed_values
         optimizer = stepped_optimizer(optimizer)
         if not isinstance(optimizer, torch.optim.Optimizer):
