@@ -26,7 +26,8 @@ from pactrain_hvd.core.masks import (
 )
 from pactrain_hvd.core.plan import should_pack
 from pactrain_hvd.core.resume import check_saved_world_size, saved_by_this_rank, while_running
-from pactrain_hvd.core.schedule import ConstantSparsity, PolynomialDecay, PolynomialSchedule, rewound_cosine, short_ramp
+from pactrain_hvd.core.rewind import rewound_cosine
+from pactrain_hvd.core.schedule import ConstantSparsity, PolynomialDecay, PolynomialSchedule, short_ramp
 
 __all__ = [
     "ChangedSettingsWarning",

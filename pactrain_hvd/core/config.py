@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 from dataclasses import dataclass
@@ -14,7 +13,14 @@ from pactrain_hvd.core.local_steps import check_local_steps
 from pactrain_hvd.core.masks import DEFAULT_RANKING, RANKINGS  # noqa: F401 (DEFAULT_RANKING: re-exported)
 from pactrain_hvd.core.numeric import plain_number
 from pactrain_hvd.core.plan import DEFAULT_MAX_DENSITY, DEFAULT_MIN_NUMEL
-from pactrain_hvd.core.schedule import DEFAULT_SPARSITY, PolynomialSchedule, schedule_settings, schedule_steps
+from pactrain_hvd.core.schedule import (
+    DEFAULT_SPARSITY,
+    FIXED_CLOCK,
+    PolynomialSchedule,
+    Schedule,
+    checked_schedule,
+    schedule_steps,
+)
 
 REDUCE_OPS = ("Average", "Sum", "Min", "Max")  # what packing supports: each survivor reduced on its own
 _OTHER_REDUCE_OPS = ("Adasum", "Product")
@@ -101,52 +107,41 @@ class PacTrainConfig:
     """PacTrain's settings, shared by both frontends (which build it with ``from_arguments``).
 
     Every field is checked on construction (``TypeError`` or ``ValueError`` naming it); numpy scalars and 0-d
-    tensors are read as the Python numbers they hold. ``schedule`` is the pruning schedule the fields describe.
+    tensors are read as the Python numbers they hold. ``sparsity``, ``begin_step``, ``end_step`` and
+    ``frequency`` read the schedule's (as a ``PolynomialSchedule``).
 
     Attributes:
-        sparsity: final fraction of coordinates to prune, in [0, 1).
-        begin_step: the schedule's first mask update.
-        end_step: the schedule's last mask update; masks are frozen after it.
-        frequency: steps between mask updates.
+        schedule: the pruning schedule, the object given (``ConstantSparsity``, ``PolynomialDecay``) or the
+            ``PolynomialSchedule`` the keywords describe.
         ranking: how ``sparsity`` is spread over tensors: ``"layer"``, ``"erk"`` or ``"global"`` (``magnitude_masks``).
         pack_min_numel: smallest tensor sent packed (``should_pack``), >= 0.
         pack_max_density: largest surviving fraction sent packed, in (0, 1].
         verify_every: steps between periodic Mask Tracker checks (0: only at mask changes).
         total_steps: the run's length the schedule's steps were derived from, if given (for messages).
         resume_changed_settings: load a checkpoint saved under other settings, with a warning, instead of refusing it.
-        initial_sparsity: the schedule's sparsity at ``begin_step`` (a schedule object's).
-        power: the schedule's ramp exponent (3: cubic).
         rescale_survivors: survivors of a fresh model pruned at step 0 take their tensor's norm (``survivor_scales``).
         sync_every: ranks step on their own gradients and sync every ``sync_every`` steps (``core.local_steps``).
         outer_lr: learning rate of the outer Nesterov step taken at each sync (> 0).
         outer_momentum: momentum of that outer step, in [0, 1).
     """
 
-    sparsity: float = 0.9
-    begin_step: int = 0
-    end_step: int = 1000
-    frequency: int = 100
+    schedule: Schedule = PolynomialSchedule(DEFAULT_SPARSITY, *FIXED_CLOCK)
     ranking: str = DEFAULT_RANKING
     pack_min_numel: int = DEFAULT_MIN_NUMEL
     pack_max_density: float = DEFAULT_MAX_DENSITY
     verify_every: int = DEFAULT_VERIFY_EVERY
     total_steps: int | None = None  # what the schedule's steps were derived from, if given (for messages)
     resume_changed_settings: bool = False  # load a checkpoint saved under other settings (core.resume)
-    initial_sparsity: float = 0.0  # the schedule's sparsity at begin_step (a schedule object's)
-    power: int = 3
     rescale_survivors: bool = False
     sync_every: int = 1
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
 
     def __post_init__(self) -> None:
-        for name in ("sparsity", "begin_step", "end_step", "frequency", "pack_min_numel", "pack_max_density",
-                     "verify_every", "total_steps", "sync_every", "outer_lr", "outer_momentum"):  # numpy scalars and 0-d tensors as Python numbers
+        for name in ("pack_min_numel", "pack_max_density", "verify_every", "total_steps", "sync_every", "outer_lr",
+                     "outer_momentum"):  # numpy scalars and 0-d tensors as Python numbers
             object.__setattr__(self, name, plain_number(getattr(self, name)))
-        if isinstance(self.sparsity, bool) or not isinstance(self.sparsity, (int, float)):
-            raise TypeError(f"sparsity must be a number in [0, 1), got {self.sparsity!r}")
-        if not 0.0 <= self.sparsity < 1.0:
-            raise ValueError(f"sparsity must be in [0, 1), got {self.sparsity!r}")
+        checked_schedule(self.schedule)
         if self.ranking not in RANKINGS:
             raise ValueError(f"ranking must be one of {', '.join(map(repr, RANKINGS))}, got {self.ranking!r}")
         for name in ("pack_min_numel", "verify_every"):
@@ -164,55 +159,65 @@ class PacTrainConfig:
         if self.verify_every < 0:
             raise ValueError(f"verify_every must be >= 0 (0: only at mask changes), got {self.verify_every!r}")
         check_local_steps(self.sync_every, self.outer_lr, self.outer_momentum)
-        schedule = self.schedule  # validates begin_step, end_step, frequency
         if not isinstance(self.rescale_survivors, bool):
             raise TypeError(f"rescale_survivors must be a bool, got {self.rescale_survivors!r}")
-        if self.rescale_survivors and not (schedule.is_update_step(0) and schedule.target(0) > 0):
+        if self.rescale_survivors and not (self.schedule.is_update_step(0) and self.schedule.target(0) > 0):
             raise ValueError("rescale_survivors=True needs a schedule that prunes at step 0, before the first update "
                              "(schedule=ConstantSparsity(...), or begin_step=0 with initial_sparsity > 0): it rescales "
-                             f"a freshly initialised model once, and this schedule first prunes at step {schedule.begin_step}"
-                             + (" to sparsity 0" if schedule.begin_step == 0 else ""))
+                             f"a freshly initialised model once, and this schedule first prunes at step {self.begin_step}"
+                             + (" to sparsity 0" if self.begin_step == 0 else ""))
 
     @classmethod
     def from_arguments(cls, pack_min_numel: int | None = None, pack_max_density: float | None = None,
                        total_steps: int | None = None, begin_step: int | None = None, end_step: int | None = None,
-                       frequency: int | None = None, schedule: Any = None, **settings: Any) -> PacTrainConfig:
+                       frequency: int | None = None, schedule: Schedule | None = None, sparsity: float | None = None,
+                       **settings: Any) -> PacTrainConfig:
         """The frontends' arguments, where ``None`` means the default: for ``sparsity`` 0.9 (a schedule object's
         own), for a plan threshold its constant, for the schedule's steps the run's share (``schedule_steps``).
         ``schedule``: a schedule object (``core.schedule.ConstantSparsity``, ``PolynomialDecay``,
-        ``PolynomialSchedule``) in place of ``total_steps``, ``begin_step``, ``end_step`` and ``frequency``
-        (``schedule_settings``)."""
+        ``PolynomialSchedule``) in place of ``sparsity``, ``total_steps``, ``begin_step``, ``end_step`` and
+        ``frequency``, kept as it is (``checked_schedule``)."""
         plan = {k: v for k, v in (("pack_min_numel", pack_min_numel), ("pack_max_density", pack_max_density))
                 if v is not None}
         total_steps = plain_number(total_steps)
-        sparsity = settings.pop("sparsity", None)
         if schedule is not None:
-            settings.update(schedule_settings(schedule, sparsity, total_steps=total_steps, begin_step=begin_step,
-                                              end_step=end_step, frequency=frequency))
-            return cls(**settings, **plan)
-        settings["sparsity"] = DEFAULT_SPARSITY if sparsity is None else sparsity
-        begin_step, end_step, frequency = schedule_steps(total_steps, begin_step, end_step, frequency)
-        return cls(**settings, **plan, begin_step=begin_step, end_step=end_step, frequency=frequency,
-                   total_steps=total_steps)
+            schedule = checked_schedule(schedule, plain_number(sparsity), total_steps=total_steps,
+                                        begin_step=begin_step, end_step=end_step, frequency=frequency)
+            return cls(schedule=schedule, **settings, **plan)
+        sparsity = plain_number(DEFAULT_SPARSITY if sparsity is None else sparsity)
+        if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)):
+            raise TypeError(f"sparsity must be a number in [0, 1), got {sparsity!r}")
+        if not 0.0 <= sparsity < 1.0:
+            raise ValueError(f"sparsity must be in [0, 1), got {sparsity!r}")
+        steps = schedule_steps(total_steps, begin_step, end_step, frequency)
+        return cls(schedule=PolynomialSchedule(float(sparsity), *steps), **settings, **plan, total_steps=total_steps)
 
-    @functools.cached_property  # read at every step; the config is frozen, so built once
-    def schedule(self) -> PolynomialSchedule:
-        """The ``PolynomialSchedule`` these settings describe."""
-        return PolynomialSchedule(
-            final_sparsity=float(self.sparsity),
-            begin_step=self.begin_step,
-            end_step=self.end_step,
-            frequency=self.frequency,
-            initial_sparsity=float(self.initial_sparsity),
-            power=self.power,
-        )
+    @property
+    def sparsity(self) -> float:
+        """The schedule's final sparsity."""
+        return self.schedule.polynomial().final_sparsity
+
+    @property
+    def begin_step(self) -> int:
+        """The schedule's first mask update."""
+        return self.schedule.polynomial().begin_step
+
+    @property
+    def end_step(self) -> int:
+        """The schedule's last mask update; masks are frozen after it."""
+        return self.schedule.polynomial().end_step
+
+    @property
+    def frequency(self) -> int:
+        """Steps between the schedule's mask updates."""
+        return self.schedule.polynomial().frequency
 
     def shared_settings(self) -> dict[str, Setting]:
         """What every rank must hold the same (``core.agreement``), in the order a mismatch names them."""
         return {"total_steps": self.total_steps, "begin_step": self.begin_step, "end_step": self.end_step,
-                "frequency": self.frequency, "sparsity": float(self.sparsity), "ranking": self.ranking,
+                "frequency": self.frequency, "sparsity": self.sparsity, "ranking": self.ranking,
                 "pack_min_numel": self.pack_min_numel, "pack_max_density": float(self.pack_max_density),
-                "verify_every": self.verify_every, "initial_sparsity": float(self.initial_sparsity), "power": self.power,
+                "verify_every": self.verify_every, "initial_sparsity": self.schedule.polynomial().initial_sparsity, "power": self.schedule.polynomial().power,
                 "rescale_survivors": self.rescale_survivors, "sync_every": self.sync_every,
                 "outer_lr": float(self.outer_lr), "outer_momentum": float(self.outer_momentum), "wire_format": WIRE_FORMAT}
 

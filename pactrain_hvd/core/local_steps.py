@@ -19,6 +19,8 @@ import math
 import numbers
 from typing import Any, TypeVar
 
+from pactrain_hvd.core.schedule import Schedule
+
 T = TypeVar("T")
 
 
@@ -36,7 +38,7 @@ def check_local_steps(sync_every: Any, outer_lr: Any, outer_momentum: Any) -> No
         raise ValueError(f"outer_momentum must be in [0, 1), got {outer_momentum!r}")
 
 
-def ranks_at(schedule: Any, step: int, sync_every: int) -> bool:
+def ranks_at(schedule: Schedule, step: int, sync_every: int) -> bool:
     """Whether masks are ranked at ``step``: at a schedule update step when every step syncs; else at the first
     step of an interval, if a schedule update fell in the interval that ends there."""
     if sync_every == 1:

@@ -16,7 +16,7 @@ import numpy as np
 
 from pactrain_hvd.core.fingerprint import check_fingerprints, fingerprint_table, mask_fingerprint
 from pactrain_hvd.core.masks import magnitude_masks, not_finite, overall_sparsity, survivor_scales, validate_masks
-from pactrain_hvd.core.schedule import PolynomialSchedule
+from pactrain_hvd.core.schedule import Schedule
 
 
 class HostPruner:
@@ -29,7 +29,7 @@ class HostPruner:
     kind = ""  # what the tensors are called in messages ("parameters", "variables")
     masks: dict[str, Any]
 
-    def __init__(self, prunable_names: Sequence[str], schedule: PolynomialSchedule, ranking: str,
+    def __init__(self, prunable_names: Sequence[str], schedule: Schedule, ranking: str,
                  settings: Mapping[str, Any] | None) -> None:
         self.prunable_names = list(prunable_names)
         self.schedule = schedule

@@ -1,10 +1,9 @@
 """Pruning schedules: gradual magnitude pruning (Zhu & Gupta 2017; the cubic PolynomialDecay of tfmot), sparse from
-the first step (``ConstantSparsity``, ``short_ramp``), and the learning-rate rewind that suits them."""
+the first step (``ConstantSparsity``, ``short_ramp``), and the schedule a façade's keywords describe."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
+import functools
 from dataclasses import dataclass
 
 from pactrain_hvd.core.numeric import plain_number
@@ -82,9 +81,38 @@ class PolynomialSchedule:
             candidates.append(last + self.frequency)
         return min((c for c in candidates if c > step and self.is_update_step(c)), default=None)
 
+    def polynomial(self) -> PolynomialSchedule:
+        """This schedule (every schedule object answers ``polynomial()``)."""
+        return self
+
+
+class _Answered:
+    """A schedule object's questions (``target``, ``is_update_step``, ...) answered by its ``polynomial()``,
+    so that a config keeps the object it was given (as tfmot keeps its schedules) and still asks it."""
+
+    @functools.cached_property  # the object is frozen: its curve is built once
+    def _curve(self) -> PolynomialSchedule:
+        return self.polynomial()
+
+    def target(self, step: int) -> float:
+        """Sparsity the masks should have after the update at ``step`` (``PolynomialSchedule.target``)."""
+        return self._curve.target(step)
+
+    def is_update_step(self, step: int) -> bool:
+        """True where masks are recomputed (``PolynomialSchedule.is_update_step``)."""
+        return self._curve.is_update_step(step)
+
+    def last_update_at_or_before(self, step: int) -> int | None:
+        """The most recent update step <= ``step`` (``PolynomialSchedule.last_update_at_or_before``)."""
+        return self._curve.last_update_at_or_before(step)
+
+    def next_update_after(self, step: int) -> int | None:
+        """The first update step > ``step`` (``PolynomialSchedule.next_update_after``)."""
+        return self._curve.next_update_after(step)
+
 
 @dataclass(frozen=True)
-class ConstantSparsity:
+class ConstantSparsity(_Answered):
     """Sparse from the first step: masks at ``sparsity`` from ``begin_step`` on (tfmot's ``ConstantSparsity``).
 
     With the default ``begin_step=0`` the masks are ranked before step 0's first all-reduce, from the
@@ -123,7 +151,7 @@ class ConstantSparsity:
 
 
 @dataclass(frozen=True)
-class PolynomialDecay:
+class PolynomialDecay(_Answered):
     """Gradual pruning, tfmot's ``PolynomialDecay``: from ``initial_sparsity`` at ``begin_step`` to
     ``final_sparsity`` at ``end_step``, masks re-ranked every ``frequency`` steps (and at ``end_step``).
 
@@ -186,6 +214,7 @@ def short_ramp(final_sparsity: float, steps: int, initial_sparsity: float = 0.5,
 
 
 SCHEDULES = (ConstantSparsity, PolynomialDecay, PolynomialSchedule)
+Schedule = ConstantSparsity | PolynomialDecay | PolynomialSchedule
 DEFAULT_SPARSITY = 0.9  # the frontends' ``sparsity`` default
 
 
@@ -198,25 +227,22 @@ def _fraction(name: str, value: object) -> float:
     return float(value)
 
 
-def schedule_settings(schedule: object, sparsity: float | None = None, **clock: int | None) -> dict:
-    """The settings a ``schedule=`` argument stands for: ``sparsity``, ``begin_step``, ``end_step``, ``frequency``,
-    ``initial_sparsity`` and ``power``. ``clock``: the frontend's ``total_steps``, ``begin_step``, ``end_step`` and
-    ``frequency`` arguments, which must be left unset beside a schedule object; ``sparsity`` must be left unset
-    (None) or equal the schedule's final sparsity."""
+def checked_schedule(schedule: Schedule, sparsity: float | None = None, **clock: int | None) -> Schedule:
+    """A ``schedule=`` argument checked against the frontend's other schedule arguments, and returned as it is.
+    ``clock``: the frontend's ``total_steps``, ``begin_step``, ``end_step`` and ``frequency`` arguments, which must
+    be left unset beside a schedule object; ``sparsity`` must be left unset (None) or equal the schedule's final
+    sparsity."""
     if not isinstance(schedule, SCHEDULES):
         raise TypeError("schedule must be pactrain_hvd.core.ConstantSparsity, PolynomialDecay or PolynomialSchedule, "
                         f"got {type(schedule).__name__}")
     given = sorted(name for name, value in clock.items() if value is not None)
     if given:
         raise ValueError(f"give schedule= or {'=, '.join(given)}=, not both: the schedule object holds its steps")
-    polynomial = schedule if isinstance(schedule, PolynomialSchedule) else schedule.polynomial()
-    if sparsity is not None and sparsity != polynomial.final_sparsity:
-        raise ValueError(f"sparsity={sparsity!r} contradicts schedule=, whose final sparsity is "
-                         f"{polynomial.final_sparsity!r}: leave sparsity out (with masks=, schedule= needs "
-                         "continue_pruning=True)")
-    return {"sparsity": polynomial.final_sparsity, "begin_step": polynomial.begin_step,
-            "end_step": polynomial.end_step, "frequency": polynomial.frequency,
-            "initial_sparsity": polynomial.initial_sparsity, "power": polynomial.power}
+    final = schedule.polynomial().final_sparsity
+    if sparsity is not None and sparsity != final:
+        raise ValueError(f"sparsity={sparsity!r} contradicts schedule=, whose final sparsity is {final!r}: leave "
+                         "sparsity out (with masks=, schedule= needs continue_pruning=True)")
+    return schedule
 
 
 # Without ``total_steps`` the clock is fixed, whatever the run's length (tfmot's PolynomialDecay asks the same).
@@ -249,37 +275,3 @@ def schedule_steps(total_steps: int | None = None, begin_step: int | None = None
         end = max(begin, int(total_steps * RUN_WINDOW[1])) if end_step is None else end_step
         defaults = (begin, end, max(1, (end - begin) // RUN_MASK_UPDATES))
     return tuple(default if value is None else value for default, value in zip(defaults, given.values()))
-
-
-def rewound_cosine(schedule: PolynomialSchedule, total_steps: int) -> Callable[[int], float]:
-    """Learning-rate factor per step: cosine to 0 over ``total_steps``, rewound at the last mask change.
-
-    Until ``schedule.end_step`` it is plain cosine; from there a second cosine runs from the factor the
-    run had at ``schedule.begin_step`` down to 0 at ``total_steps``, so the pruned network trains again at
-    a high rate (learning-rate rewinding, Renda et al. 2020, fitted into the same steps). With nothing to
-    prune, or no step left after the last mask change, it is plain cosine.
-
-    Args:
-        schedule: the pruning schedule (its ``begin_step``, ``end_step`` and ``final_sparsity`` are read).
-        total_steps: the run's optimizer steps (a positive int).
-
-    Returns:
-        A plain function ``step -> factor`` in [0, 1] (framework-free): torch's ``LambdaLR`` takes it as it is.
-
-    Raises:
-        ValueError: ``total_steps`` is not a positive int.
-    """
-    if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps <= 0:
-        raise ValueError(f"total_steps must be a positive int (the run's optimizer steps), got {total_steps!r}")
-    first, last = schedule.begin_step, schedule.end_step
-    rewinds = schedule.final_sparsity > 0 and last < total_steps
-
-    def cosine(fraction: float) -> float:
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, fraction)))
-
-    def factor(step: int) -> float:
-        if not rewinds or step < last:
-            return cosine(step / total_steps)
-        return cosine(first / total_steps) * cosine((step - last) / (total_steps - last))
-
-    return factor

@@ -42,7 +42,7 @@ def test_total_steps_that_differ_by_one_batch_name_every_resolved_step_and_the_c
 
 
 def test_each_rank_parses_the_same_bytes_into_the_same_error():
-    settings = [PacTrainConfig(frequency=f).shared_settings() for f in (5, 10)]
+    settings = [PacTrainConfig.from_arguments(frequency=f).shared_settings() for f in (5, 10)]
     gathered = tables(*settings)
     messages = []
     for own in settings:  # each rank names the keys from its own settings

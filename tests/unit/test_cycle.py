@@ -5,7 +5,7 @@ from pactrain_hvd.core.cycle import DUE_NOW, NEVER, RANK, VERIFY, PruningCycle, 
 
 
 def test_first_step_verifies_then_every_verify_every_steps():
-    cycle = PruningCycle(PacTrainConfig(sparsity=0.5, begin_step=2, end_step=4, frequency=2, verify_every=3),
+    cycle = PruningCycle(PacTrainConfig.from_arguments(sparsity=0.5, begin_step=2, end_step=4, frequency=2, verify_every=3),
                          tracking=True)
     assert cycle.take_verification() == 0 and cycle.take_verification() is None
     seen = []
@@ -17,16 +17,16 @@ def test_first_step_verifies_then_every_verify_every_steps():
 
 
 def test_nothing_tracked_proves_only_the_settings_and_a_single_process_checks_nothing():
-    untracked = PruningCycle(PacTrainConfig(sparsity=0.0), tracking=False)
+    untracked = PruningCycle(PacTrainConfig.from_arguments(sparsity=0.0), tracking=False)
     untracked.advance()
     untracked.request_verification()
     assert untracked.take_verification() is None  # no masks to prove
-    assert PruningCycle(PacTrainConfig(sparsity=0.0), tracking=False).take_verification() == 0
-    assert PruningCycle(PacTrainConfig(sparsity=0.5), tracking=True, communicating=False).take_verification() is None
+    assert PruningCycle(PacTrainConfig.from_arguments(sparsity=0.0), tracking=False).take_verification() == 0
+    assert PruningCycle(PacTrainConfig.from_arguments(sparsity=0.5), tracking=True, communicating=False).take_verification() is None
 
 
 def test_masks_ranked_before_the_first_communication_are_not_ranked_again():
-    cycle = PruningCycle(PacTrainConfig(sparsity=0.5, begin_step=0, end_step=0), tracking=True)
+    cycle = PruningCycle(PacTrainConfig.from_arguments(sparsity=0.5, begin_step=0, end_step=0), tracking=True)
     assert cycle.first_masks_due(holds_masks=False) and not cycle.first_masks_due(holds_masks=True)
     cycle.pruned_early()
     assert cycle.pruned_early_now and not cycle.update_due() and cycle.take_verification() is None
@@ -34,14 +34,14 @@ def test_masks_ranked_before_the_first_communication_are_not_ranked_again():
 
 
 def test_maintenance_ahead_of_time():
-    config = PacTrainConfig(sparsity=0.5, begin_step=2, end_step=4, frequency=2, verify_every=5)
+    config = PacTrainConfig.from_arguments(sparsity=0.5, begin_step=2, end_step=4, frequency=2, verify_every=5)
     assert [maintenance_at(config, step, requested=step == 0) for step in range(6)] == [
         VERIFY, None, RANK, None, RANK, VERIFY]
-    assert next_maintenance(config, 4) == 5 and next_maintenance(PacTrainConfig(verify_every=0, end_step=0), 1) == NEVER
+    assert next_maintenance(config, 4) == 5 and next_maintenance(PacTrainConfig.from_arguments(verify_every=0, end_step=0), 1) == NEVER
 
 
 def test_a_traced_step_maintains_at_the_steps_the_cycle_names():
-    cycle = PruningCycle(PacTrainConfig(sparsity=0.5, begin_step=2, end_step=4, frequency=2, verify_every=5),
+    cycle = PruningCycle(PacTrainConfig.from_arguments(sparsity=0.5, begin_step=2, end_step=4, frequency=2, verify_every=5),
                          tracking=True)
     assert cycle.next_due() == DUE_NOW and cycle.maintenance_due(7)  # the first step checks, whatever its number
     assert cycle.maintenance(0) == VERIFY

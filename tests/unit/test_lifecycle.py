@@ -62,26 +62,26 @@ def steps(config, ops, count, communications=1):
 
 def test_masks_ranked_at_step_0_before_the_first_communication_take_effect_before_the_update():
     ops = Recorder()
-    steps(PacTrainConfig(begin_step=0, end_step=2, frequency=2, verify_every=0), ops, 3, communications=2)
+    steps(PacTrainConfig.from_arguments(begin_step=0, end_step=2, frequency=2, verify_every=0), ops, 3, communications=2)
     assert " ".join(ops.log).split(" | ") == [
         "rank 0 early commit finish early", "commit", "commit rank 2 mask gradients |"]
 
 
 def test_without_communication_gradients_are_masked_every_step_and_the_first_check_is_the_ranking():
     ops = Recorder(masked_by_reduction=False)
-    steps(PacTrainConfig(begin_step=0, end_step=0, verify_every=0), ops, 2, communications=0)
+    steps(PacTrainConfig.from_arguments(begin_step=0, end_step=0, verify_every=0), ops, 2, communications=0)
     assert " ".join(ops.log).split(" | ") == ["commit rank 0 early finish early mask gradients", "commit mask gradients |"]
 
 
 def test_a_periodic_check_runs_before_the_first_communication_of_its_step():
     ops = Recorder()
-    steps(PacTrainConfig(sparsity=0.0, verify_every=2), ops, 3)
+    steps(PacTrainConfig.from_arguments(sparsity=0.0, verify_every=2), ops, 3)
     assert " ".join(ops.log).split(" | ") == ["verify 0 commit", "commit", "verify 2 commit |"]
 
 
 def test_local_steps_take_the_anchor_at_each_intervals_first_step_and_rank_only_there():
     ops = Recorder(masked_by_reduction=False)
-    synced = steps(PacTrainConfig(begin_step=1, end_step=3, frequency=1, verify_every=0, sync_every=2), ops, 6,
+    synced = steps(PacTrainConfig.from_arguments(begin_step=1, end_step=3, frequency=1, verify_every=0, sync_every=2), ops, 6,
                    communications=0)
     assert synced == [False, True] * 3
     assert " ".join(ops.log).split(" | ") == [

@@ -38,7 +38,7 @@ def test_a_schedule_update_inside_an_interval_moves_to_the_next_intervals_first_
 
 
 def test_the_cycle_says_when_an_interval_begins_and_when_its_sync_is_due():
-    cycle = PruningCycle(PacTrainConfig(sync_every=3, begin_step=0, end_step=0), tracking=True)
+    cycle = PruningCycle(PacTrainConfig.from_arguments(sync_every=3, begin_step=0, end_step=0), tracking=True)
     due = []
     for _ in range(7):
         due.append((cycle.step, cycle.interval_begins(), cycle.update_due()))

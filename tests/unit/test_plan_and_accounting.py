@@ -38,4 +38,4 @@ def test_step_stats_sum_tensors():
 ])
 def test_config_rejects_bad_values(kwargs, message):
     with pytest.raises((ValueError, TypeError), match=message):
-        PacTrainConfig(**kwargs)
+        PacTrainConfig.from_arguments(**kwargs)

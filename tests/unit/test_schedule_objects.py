@@ -28,7 +28,7 @@ def test_begin_and_end_at_zero_prune_once_before_the_first_step():
 def test_polynomial_decay_follows_the_cubic_from_its_initial_sparsity():
     config = PacTrainConfig.from_arguments(schedule=PolynomialDecay(0.5, 0.95, begin_step=0, end_step=100, frequency=10))
     schedule = config.schedule
-    assert (config.sparsity, config.initial_sparsity, config.begin_step, config.end_step, config.frequency) == \
+    assert (config.sparsity, schedule.polynomial().initial_sparsity, config.begin_step, config.end_step, config.frequency) == \
         (0.95, 0.5, 0, 100, 10)
     assert schedule.target(0) == 0.5
     assert schedule.target(50) == pytest.approx(0.95 - 0.45 * 0.5**3)
