@@ -214,10 +214,11 @@ class PacTrainConfig:
 
     def shared_settings(self) -> dict[str, Setting]:
         """What every rank must hold the same (``core.agreement``), in the order a mismatch names them."""
-        return {"total_steps": self.total_steps, "begin_step": self.begin_step, "end_step": self.end_step,
-                "frequency": self.frequency, "sparsity": self.sparsity, "ranking": self.ranking,
+        curve = self.schedule.polynomial()
+        return {"total_steps": self.total_steps, "begin_step": curve.begin_step, "end_step": curve.end_step,
+                "frequency": curve.frequency, "sparsity": curve.final_sparsity, "ranking": self.ranking,
                 "pack_min_numel": self.pack_min_numel, "pack_max_density": float(self.pack_max_density),
-                "verify_every": self.verify_every, "initial_sparsity": self.schedule.polynomial().initial_sparsity, "power": self.schedule.polynomial().power,
+                "verify_every": self.verify_every, "initial_sparsity": curve.initial_sparsity, "power": curve.power,
                 "rescale_survivors": self.rescale_survivors, "sync_every": self.sync_every,
                 "outer_lr": float(self.outer_lr), "outer_momentum": float(self.outer_momentum), "wire_format": WIRE_FORMAT}
 

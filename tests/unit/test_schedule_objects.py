@@ -105,3 +105,14 @@ def test_rescale_survivors_is_refused_where_step_0_prunes_nothing(arguments, mes
 def test_rescale_survivors_must_be_a_bool():
     with pytest.raises(TypeError, match="rescale_survivors must be a bool, got 1"):
         PacTrainConfig.from_arguments(rescale_survivors=1, schedule=ConstantSparsity(0.9))
+
+
+def test_the_config_keeps_the_schedule_object_it_was_given_and_asks_it():
+    given = ConstantSparsity(0.95, begin_step=0, end_step=200, frequency=100)
+    config = PacTrainConfig.from_arguments(schedule=given)
+    assert config.schedule is given and config == PacTrainConfig.from_arguments(schedule=given)
+    assert [given.is_update_step(s) for s in (0, 50, 100, 200, 300)] == [True, False, True, True, False]
+    assert given.target(150) == 0.95 and given.next_update_after(100) == 200 and given.last_update_at_or_before(99) == 0
+    assert (config.sparsity, config.begin_step, config.end_step, config.frequency) == (0.95, 0, 200, 100)
+    built = PacTrainConfig.from_arguments(sparsity=0.8, total_steps=1000).schedule
+    assert built == PolynomialSchedule(0.8, begin_step=100, end_step=600, frequency=50) and built.polynomial() is built
