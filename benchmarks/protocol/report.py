@@ -39,12 +39,24 @@ def selection_markdown(protocol: Protocol, chosen: dict) -> list[str]:
     return lines
 
 
+def machine_words(machine: dict) -> str:
+    """The machine's speed over a cell's runs, and what a spread means for the verdict."""
+    words = (f"Machine: the compute bound measured with the runs was {machine['fastest_s']:.3f} to "
+             f"{machine['slowest_s']:.3f} s a step ({machine['spread']:.2f}x).")
+    if machine["varied"]:
+        words += (" The runs were made on machines of different speed: a ratio between families under "
+                  f"{machine['spread']:.2f}x may be the machine's, not the method's.")
+    return words
+
+
 def cell_markdown(protocol: Protocol, result: dict) -> list[str]:
     cell = protocol.cells[result["cell"]]
     lines = [f"## `{cell.name}`: {cell.workload}, {cell.link}, {cell.rtt_ms:g} ms round trip, "
              f"{protocol.workers} workers, {cell.cycle_ms:g} ms cycle", "", f"Regime: {result['regime']}."]
     if result["target"] is not None:
         lines += ["", f"Target {result['target']:.4f}."]
+    if result.get("machine"):
+        lines += ["", machine_words(result["machine"])]
     if result.get("pending"):
         lines += ["", f"Pending: {result['pending']}."]
     seeds = protocol.final_seeds
@@ -61,11 +73,13 @@ def cell_markdown(protocol: Protocol, result: dict) -> list[str]:
 
 def verdict_rows(protocol: Protocol, result: dict) -> list[str]:
     rows = []
+    machine = result.get("machine") or {}
+    caveat = f" (machine speed varied {machine['spread']:.2f}x)" if machine.get("varied") else ""
     for family, verdict in result.get("verdicts", {}).items():
         train, wall = verdict["train"], verdict["wall"]
         rows.append(f"| `{result['cell']}` | {result['regime'].split(' (')[0]} | {family} | {train['best_peer']} | "
                     f"{ratio_text(train['ratio'])} | {train['sooner_seeds']} of {len(train['seeds'])} | "
-                    f"**{train['outcome']}** | {wall['outcome']} ({ratio_text(wall['ratio'])}) | "
+                    f"**{train['outcome']}**{caveat} | {wall['outcome']} ({ratio_text(wall['ratio'])}) | "
                     f"{train['against_reference']['outcome']} ({ratio_text(train['against_reference']['ratio'])}) |")
     if not rows:
         rows.append(f"| `{result['cell']}` | {result['regime'].split(' (')[0]} | pending | | | | | | |")
@@ -118,9 +132,11 @@ def readme_table(protocol: Protocol, computed: dict) -> str:
         if result.get("pending") or not result.get("verdicts"):
             lines.append(f"| {words} | pending | | |")
             continue
+        varied = (result.get("machine") or {}).get("varied")
         for family, verdict in result["verdicts"].items():
             train = verdict["train"]
-            lines.append(f"| {words} | **{train['outcome']}** ({family}) | {ratio_text(train['ratio'])} against "
+            caveat = f"; machine speed varied {result['machine']['spread']:.2f}x" if varied else ""
+            lines.append(f"| {words} | **{train['outcome']}** ({family}{caveat}) | {ratio_text(train['ratio'])} against "
                          f"{train['best_peer']} | {train['sooner_seeds']} of {len(train['seeds'])} |")
     return "\n".join([README_START, *lines, README_END])
 

@@ -134,6 +134,21 @@ def regime(protocol: Protocol, record: dict, cell: str) -> str:
     return f"mixed (compressed methods step at {fastest:.1f}x to {max(ratios):.1f}x the compute bound)"
 
 
+# Compute bounds of one cell's final runs further apart than this: the runs were made on machines of different
+# speed (a shared host's), and a ratio between families under the spread may be the machine's, not the method's.
+SPEED_SPREAD = 1.15
+
+
+def machine_speed(record: dict, cell: str) -> dict | None:
+    """The spread of the compute bound (a step of plain training on every worker at once, measured where each
+    run was made) over the cell's final runs: ``{"fastest_s", "slowest_s", "spread", "varied"}``."""
+    bounds = [run["bound"]["step_s"] for run in runs_of(record, stage="final", cell=cell) if run.get("bound")]
+    if not bounds:
+        return None
+    spread = max(bounds) / min(bounds)
+    return {"fastest_s": min(bounds), "slowest_s": max(bounds), "spread": spread, "varied": spread > SPEED_SPREAD}
+
+
 def compare(protocol: Protocol, ours: dict[int, float], theirs: dict[int, float]) -> dict:
     """The verdict rule on one clock: per-seed times of a PacTrain family against another family's."""
     seeds = sorted(set(ours) & set(theirs))
@@ -157,7 +172,8 @@ def cell_verdict(protocol: Protocol, record: dict, cell: str, chosen: dict[str, 
     workload = protocol.cells[cell].workload
     seeds = protocol.final_seeds
     goal = target(protocol, record, workload, seeds)
-    result = {"cell": cell, "target": goal, "regime": regime(protocol, record, cell), "families": {}, "verdicts": {}}
+    result = {"cell": cell, "target": goal, "regime": regime(protocol, record, cell),
+              "machine": machine_speed(record, cell), "families": {}, "verdicts": {}}
     if goal is None:
         result["pending"] = "the reference's loopback runs are not all in"
         return result

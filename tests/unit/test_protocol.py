@@ -256,3 +256,16 @@ def test_a_final_run_that_shared_the_cores_is_set_aside_with_its_reason_and_plan
     assert again == [Planned("final", "slow", "topk", "dgc-0.01", 2)]
     markdown = report.write(small, record, tmp_path)
     assert "| `slow` | `dgc-0.01` | 2 | load average 2.50 (1 min), 4.50 (5 min)" in markdown
+
+
+def test_a_cell_whose_runs_were_made_on_machines_of_different_speed_says_so_beside_its_verdict(small, tmp_path):
+    record = record_for(small, {"pactrain": {1: 30, 2: 30, 3: 30}, "topk": {1: 50, 2: 50, 3: 50},
+                                "fp16": {1: 100, 2: 100, 3: 100}})
+    quiet_cell = verdicts(small, record)["cells"]["slow"]["machine"]
+    assert quiet_cell == {"fastest_s": 0.25, "slowest_s": 0.25, "spread": 1.0, "varied": False}
+    assert "machine speed varied" not in report.write(small, record, tmp_path)
+    next(r for r in record["runs"] if r["stage"] == "final" and r["cell"] == "slow")["bound"] = {"step_s": 0.4}
+    markdown = report.write(small, record, tmp_path)
+    assert "**win** (machine speed varied 1.60x)" in markdown
+    assert "0.250 to 0.400 s a step (1.60x). The runs were made on machines of different speed" in markdown
+    assert "machine speed varied 1.60x" in report.readme_table(small, verdicts(small, record))
