@@ -26,5 +26,5 @@ class ChangedSettingsWarning(UserWarning):
 
 
 class InexactResumeWarning(UserWarning):
-    """A checkpoint lacks this rank's own state (quantized values' error memory and rounding noise): the run
+    """A checkpoint lacks this rank's own state (quantized values' error memory): the run
     resumes without it, close to but not bit for bit the uninterrupted run."""

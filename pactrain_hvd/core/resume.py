@@ -59,7 +59,7 @@ def while_running(query: Callable[[], int]) -> int | None:
 
 
 def saved_by_this_rank(saved_rank: int, rank: Callable[[], int], holds_state: bool = True) -> bool:
-    """Whether per-rank state (quantized values' error memory, rounding noise) saved by ``saved_rank`` is this
+    """Whether per-rank state (quantized values' error memory) saved by ``saved_rank`` is this
     process's: the same rank, or any while Horovod is down (an elastic rollback restores its own).
 
     Args:
@@ -76,8 +76,8 @@ def saved_by_this_rank(saved_rank: int, rank: Callable[[], int], holds_state: bo
         return True
     if not holds_state:
         return False
-    warnings.warn(f"this checkpoint holds rank {saved_rank}'s quantization error memory and rounding noise, not "
-                  f"rank {current}'s: rank {current} resumes without them, close to but not bit for bit the "
+    warnings.warn(f"this checkpoint holds rank {saved_rank}'s quantization error memory, not "
+                  f"rank {current}'s: rank {current} resumes without it, close to but not bit for bit the "
                   "uninterrupted run. For an exact resume save and load one checkpoint per rank (state_dict() on "
                   "every rank)", InexactResumeWarning, stacklevel=3)
     return False

@@ -13,10 +13,10 @@ from any training loop (gradients as arrays)::
 
 The arithmetic is the library's where it has one: masks are the caller's (``mask=``), quantized codes come from
 ``pactrain_hvd.core.lanes`` (``local_scale``, ``stochastic_codes``, ``pack_codes``, summed int32 words,
-``unpack_lanes``, ``decode_sums``), held at the MAX of the previous step's local scales. Rounding noise is
-numpy's by default (``numpy.random.default_rng(NOISE_SEED + rank)``), so a virtual run equals the real one in
-distribution; given the library's own stream (``noise=``, torch's generator seeded ``NOISE_SEED + rank``, drawn in
-the order the real run quantizes its tensors) it equals it bit for bit. Top-k follows the repository's baseline
+``unpack_lanes``, ``decode_sums``) sent as ``pactrain_hvd.core.quantized`` says, held at the MAX of the previous
+step's local scales. Rounding noise is numpy's draw for (rank, tensor, step) by default
+(``core.quantized.uniform_noise``), so a virtual run equals the real one in distribution; given the library's own
+draws (``noise=``: torch's generator seeded with ``core.quantized.noise_seed``) it equals it bit for bit. Top-k follows the repository's baseline
 (``k = ceil(density numel)`` of ``|gradient + memory|``, tensors under 4,096 elements averaged whole).
 ``tests/parallel/torch/test_virtual_workers.py`` holds PacTrain with fp32 and ternary values and Top-k against a
 real 2-rank Horovod run: the same weights, bit for bit, after the same steps.
@@ -38,19 +38,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from pactrain_hvd.core.lanes import (
-    NOISE_SEED,
-    decode_sums,
-    local_scale,
-    pack_codes,
-    quantized_layout,
-    stochastic_codes,
-    unpack_lanes,
-)
+from pactrain_hvd.core.lanes import decode_sums, pack_codes, quantized_layout, unpack_lanes
 from pactrain_hvd.core.plan import DEFAULT_MIN_NUMEL
+from pactrain_hvd.core.quantized import QuantizedSender, next_scale, uniform_noise
 from pactrain_hvd.planner.methods import Method
 
-Noise = Callable[[int, int], np.ndarray]  # (rank, count) -> uniform [0, 1) noise
+Noise = Callable[[int, str, int, int], np.ndarray]  # (rank, tensor name, step, count) -> uniform [0, 1) noise
 InitialQ = Callable[[str, int, int], np.ndarray]  # (tensor name, rank, cols) -> PowerSGD's first Q^T (rank x cols)
 
 
@@ -60,8 +53,8 @@ class VirtualWorkers:
     Args:
         method: the method whose per-worker arithmetic to apply.
         workers: number of virtual workers (an int >= 1).
-        noise: ``(rank, count) -> count`` uniform [0, 1) float32 draws, the rounding noise of quantized values
-            (None: numpy's ``default_rng(NOISE_SEED + rank)`` per worker).
+        noise: ``(rank, tensor name, step, count) -> count`` uniform [0, 1) float32 draws, the rounding noise of
+            quantized values (None: numpy's, ``core.quantized.uniform_noise``).
         initial_q: ``(tensor name, PowerSGD rank r, cols) -> r x cols`` array, PowerSGD's first ``Q^T`` of a
             tensor (None: numpy's normal draws, seeded 0).
     """
@@ -73,9 +66,10 @@ class VirtualWorkers:
         self.method = method
         self.workers = workers
         self.memory: list[dict[str, np.ndarray]] = [{} for _ in range(workers)]
-        self.scales: dict[str, np.float32] = {}
-        generators = [np.random.default_rng(NOISE_SEED + rank) for rank in range(workers)]
-        self.noise = noise or (lambda rank, count: generators[rank].random(count, dtype=np.float32))
+        self.senders = [QuantizedSender(rank, method.levels, self.memory[rank]) for rank in range(workers)]
+        self.scales: dict[str, float] = {}
+        self.steps: dict[str, int] = {}  # per quantized tensor, its sends so far: the step its noise is drawn for
+        self.noise = noise or uniform_noise
         start = np.random.default_rng(0)
         self.initial_q = initial_q or (lambda name, rank, cols: start.standard_normal((rank, cols), dtype=np.float32))
         self.q_ts: dict[str, np.ndarray] = {}  # PowerSGD's warm start, shared by every worker
@@ -150,20 +144,18 @@ class VirtualWorkers:
         return approximation.reshape(shape)
 
     def _quantized(self, name: str, survivors: list[np.ndarray]) -> np.ndarray:
-        levels = self.method.levels
-        layout = quantized_layout(self.workers, levels)
-        values = [s + self.memory[rank].get(name, 0.0) for rank, s in enumerate(survivors)]
-        step_max = max(local_scale(v, levels) for v in values)
+        layout = quantized_layout(self.workers, self.method.levels)
+        proposed = [sender.propose(name, s) for sender, s in zip(self.senders, survivors)]
+        step_max = max(local for _, local in proposed)  # the MAX all-reduce
         scale = self.scales.get(name, step_max)  # held from the previous step; the first step waits for its MAX
-        step = np.float32(scale) / np.float32(levels)
-        words = np.zeros(layout.words(values[0].size), dtype=np.int64)
-        for rank, v in enumerate(values):
-            codes = stochastic_codes(v, scale, self.noise(rank, v.size), levels)
-            self.memory[rank][name] = v - codes.astype(np.float32) * step
+        step = self.steps.get(name, 0)
+        words = np.zeros(layout.words(survivors[0].size), dtype=np.int64)
+        for sender, (values, _) in zip(self.senders, proposed):
+            codes = sender.round(name, values, scale, self.noise(sender.rank, name, step, values.size))
             words += pack_codes(codes.astype(np.int64) + layout.offset, layout)  # the SUM all-reduce of int32 words
-        self.scales[name] = step_max
-        summed = decode_sums(unpack_lanes(words.astype(np.int32), layout, values[0].size), layout)
-        return summed.astype(np.float32) * np.float32(scale) / (np.float32(self.workers) * np.float32(levels))
+        self.scales[name], self.steps[name] = next_scale(step_max, self.scales.get(name)), step + 1
+        summed = decode_sums(unpack_lanes(words.astype(np.int32), layout, survivors[0].size), layout)
+        return summed.astype(np.float32) * np.float32(scale) / (np.float32(self.workers) * np.float32(self.method.levels))
 
 
 def _mean(arrays: list[np.ndarray], dtype=np.float32) -> np.ndarray:

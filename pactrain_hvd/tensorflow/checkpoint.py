@@ -2,11 +2,11 @@
 
 The blob holds the schedule position, the world size it was written under and the masks; with
 quantized ``packed_values`` also the held scales (the same on every rank) and this rank's error memory
-and rounding-noise state (restored only on the same rank, as in torch; blobs that name those entries
-``ternary_*``, their earlier names, still load). Masks are keyed by the
-variable's position in binding order (the model's variable order), so they restore into a rebuilt
-model whose generated names differ (Keras numbers layers per process); the saved names serve the
-error messages.
+(restored only on the same rank, as in torch). Blobs that name those entries ``ternary_*``, their earlier
+names, still load; the rounding-noise state earlier blobs hold is not needed (the noise is the step's).
+Masks are keyed by the variable's position in binding order (the model's variable order), so they restore
+into a rebuilt model whose generated names differ (Keras numbers layers per process); the saved names
+serve the error messages.
 
 This module knows the format only: ``PacTrainState.snapshot()`` gives the ``SavedState`` to write,
 ``PacTrainState.restore()`` takes the one ``parse`` reads.
@@ -27,10 +27,9 @@ from pactrain_hvd.core.digest import DIGEST_KEY, ndarray_bytes, with_digest, wit
 
 @dataclass
 class SavedQuantized:
-    """The saving rank, and that rank's noise state and residuals by position; the held scales by position."""
+    """The saving rank, and that rank's residuals by position; the held scales by position."""
 
     rank: int
-    noise: np.ndarray
     residuals: dict[int, np.ndarray]
     scales: dict[int, float]
 
@@ -51,7 +50,7 @@ def to_bytes(saved: SavedState) -> bytes:
     quantized = {}
     if saved.quantized is not None:
         scaled = sorted(saved.quantized.scales)
-        quantized = {"quantized_rank": np.int64(saved.quantized.rank), "quantized_noise": saved.quantized.noise,
+        quantized = {"quantized_rank": np.int64(saved.quantized.rank),
                      "scale_positions": np.array(scaled, dtype=np.int64),
                      "quantized_scales": np.array([saved.quantized.scales[p] for p in scaled], np.float32),
                      **{f"residual_{i}": saved.quantized.residuals[position]
@@ -88,7 +87,7 @@ def parse(blob: bytes) -> SavedState:
             scales = ({int(position): float(scale) for position, scale in
                        zip(saved["scale_positions"], saved["quantized_scales"])} if "quantized_scales" in saved
                       else {})
-            quantized = SavedQuantized(int(saved["quantized_rank"]), saved["quantized_noise"],
+            quantized = SavedQuantized(int(saved["quantized_rank"]),  # a saved noise state: not needed
                                        {position: saved[f"residual_{i}"] for i, position in enumerate(positions)},
                                        scales)
         world_size = int(saved["world_size"]) if "world_size" in saved else None

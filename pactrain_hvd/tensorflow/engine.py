@@ -209,7 +209,8 @@ class HorovodEngine:
         for position, grad, compressor in items:
             if self.bound.quantized is not None:
                 packed = functools.partial(self.bound.quantized.allreduce, self.bound.names[position], compressor, grad,
-                                           self.arguments.op == hvd.Average, grad.dtype, self._wire_name("ternary", position))
+                                           self.arguments.op == hvd.Average, grad.dtype,
+                                           self._wire_name("ternary", position), self.maintenance.step)
             else:
                 packed = functools.partial(self._reduce_packed, position, grad, compressor)
             plain = functools.partial(self._reduce_plain, position, grad, compressor)

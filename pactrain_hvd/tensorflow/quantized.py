@@ -19,21 +19,11 @@ import os
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from pactrain_hvd.core.lanes import NOISE_SEED, SCALE_BYTES
+from pactrain_hvd.core.lanes import SCALE_BYTES
+from pactrain_hvd.core.quantized import noise_key
 from pactrain_hvd.tensorflow.compression import PacTrainCompressor
 from pactrain_hvd.tensorflow.lanes import decode, encode, layout_for, local_scale, stochastic_codes
 from pactrain_hvd.tensorflow.memory import ErrorFeedback
-
-
-class NoiseSource:
-    """Uniform [0, 1) noise for stochastic rounding, from a ``tf.random.Generator`` (state in a variable)."""
-
-    def __init__(self, seed: int) -> None:
-        with tf.init_scope():
-            self.generator = tf.random.Generator.from_seed(seed)
-
-    def uniform(self, count: tf.Tensor) -> tf.Tensor:
-        return self.generator.uniform([count], dtype=tf.float32)
 
 
 class QuantizedReduction:
@@ -55,7 +45,7 @@ class QuantizedReduction:
         self.process_set = process_set
         self.levels = levels
         self.memory = ErrorFeedback()
-        self.noise = NoiseSource(NOISE_SEED + process_set.rank())
+        self.rank = process_set.rank()  # its rounding noise's (``core.quantized.noise_key``)
         self.scales: dict[str, tf.Variable] = {}  # per tensor, the scale of its next send; NaN: none held
 
     def track(self, name: str) -> None:
@@ -74,8 +64,9 @@ class QuantizedReduction:
         return self.process_set.size()
 
     def allreduce(self, name: str, compressor: PacTrainCompressor, grad: tf.Tensor, average: bool,
-                  dtype: tf.DType, wire_name: str) -> tuple[tf.Tensor, tf.Tensor]:
+                  dtype: tf.DType, wire_name: str, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """Round the survivors plus their residual at the held scale, remember the error, SUM-reduce the words.
+        ``step``: the schedule position (int64), for the rounding noise.
 
         Returns the reduced gradient (dense shape, ``dtype``) and the bytes handed to Horovod (the words,
         plus the tensor's scale in the MAX all-reduce). Where this step's MAX is not finite (an overflow on
@@ -93,7 +84,9 @@ class QuantizedReduction:
         world_size = self.world_size()
         layout = layout_for(world_size, self.levels)
         count = tf.size(value)
-        codes = stochastic_codes(value, scale, self.noise.uniform(count), self.levels)
+        seed = tf.stack([tf.constant(noise_key(self.rank, name), tf.int64), tf.cast(step, tf.int64)])
+        codes = stochastic_codes(value, scale, tf.random.stateless_uniform([count], seed, dtype=tf.float32),
+                                 self.levels)
         self.memory.store(name, value, tf.cast(codes, tf.float32) * (scale / self.levels))
         words = encode(codes, layout)
         summed = hvd.allreduce(words, op=hvd.Sum, name=wire_name, process_set=self.process_set)

@@ -237,7 +237,7 @@ class PacTrainState(tf.train.experimental.PythonState):
 
     # -- checkpoints (tf.train.Checkpoint calls these; the format: checkpoint.py) --------------------
     def serialize(self) -> bytes:
-        """Schedule position and masks (and ternary's held scales, error memory and noise) as bytes."""
+        """Schedule position and masks (and quantized values' held scales and error memory) as bytes."""
         if self.binding.pending_restore is not None:
             return self.binding.pending_restore
         return checkpoint.to_bytes(self.snapshot())
@@ -256,7 +256,7 @@ class PacTrainState(tf.train.experimental.PythonState):
 
     def snapshot(self) -> checkpoint.SavedState:
         """What a checkpoint saves: schedule position, world size, settings and masks (by variable position);
-        with ternary values the held scales and this rank's error memory and rounding-noise state."""
+        with quantized values the held scales and this rank's error memory."""
         bound = self.bound
         names = sorted(bound.pruner.masks)
         masks = [(bound.names.index(name), name, bound.pruner.masks[name]) for name in names]
@@ -264,8 +264,7 @@ class PacTrainState(tf.train.experimental.PythonState):
         if bound.quantized is not None:
             residuals = bound.quantized.memory.state_dict()
             ternary = checkpoint.SavedQuantized(
-                self.process_set.rank(), bound.quantized.noise.generator.state.numpy(),
-                {position: residuals[name] for position, name, _ in masks},
+                self.process_set.rank(), {position: residuals[name] for position, name, _ in masks},
                 {bound.names.index(name): float(scale.numpy()) for name, scale in bound.quantized.scales.items()})
         return checkpoint.SavedState(self.step_count, self.reduction.group_size(), masks, ternary,
                                      checkpoint_settings(self.config, self.reduction.packed_values))
@@ -289,5 +288,4 @@ class PacTrainState(tf.train.experimental.PythonState):
         if bound.quantized is not None:  # none held where the checkpoint has none: that step agrees one
             bound.quantized.hold_scales(scales)
         if residuals is not None:
-            bound.quantized.noise.generator.state.assign(saved.quantized.noise)
             bound.quantized.memory.load_state_dict(residuals)

@@ -42,7 +42,7 @@ class SavedState:
     step: int
     masks: dict[str, np.ndarray]
     scales: torch.Tensor | None  # held quantization scales, one per parameter (NaN: none)
-    quantized: dict | None  # this rank's error memory and noise, if this rank saved it
+    quantized: dict | None  # this rank's error memory, if this rank saved it
     outer: dict | None = None  # local steps' anchor and outer momentum
 
 
@@ -129,8 +129,8 @@ def _saved_quantized(state: PacTrainState, saved: Any, masks: dict[str, np.ndarr
     """The checkpoint's quantization entry if this rank wrote it (another rank's, from a run that has stepped: a warning)."""
     if saved is None:
         return None
-    if not isinstance(saved, dict) or not {"rank", "noise", "residuals"} <= set(saved):
-        raise CheckpointError("the 'quantized' entry of the 'pactrain' state needs 'rank', 'noise' and 'residuals'")
+    if not isinstance(saved, dict) or not {"rank", "residuals"} <= set(saved):
+        raise CheckpointError("the 'quantized' entry of the 'pactrain' state needs 'rank' and 'residuals'")
     if not saved_by_this_rank(saved["rank"], state.process_set.rank, holds_state=step > 0):
         return None
     state.quantized.memory.validate(saved["residuals"], {name: int(mask.sum()) for name, mask in masks.items()})
@@ -139,7 +139,7 @@ def _saved_quantized(state: PacTrainState, saved: Any, masks: dict[str, np.ndarr
 
 def restore(state: PacTrainState, saved: SavedState) -> None:
     """Install ``saved``: masks, schedule position and held scales (the same on every rank, whichever rank's
-    checkpoint it is), and where this rank saved it, its quantization error memory and noise. With local steps: the
+    checkpoint it is), and where this rank saved it, its quantization error memory. With local steps: the
     anchor and outer momentum (a checkpoint without them: the weights now are the anchor, no momentum)."""
     state.adopt(saved.step, saved.masks, saved.scales)
     if state.outer is not None:

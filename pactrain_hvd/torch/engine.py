@@ -98,7 +98,7 @@ class HorovodEngine:
         if compressor.lanes is not None:  # quantized codes (see ``QuantizedReduction``): no blocking collective
             state.follow_world_size()
             ternary = state.quantized
-            send = ternary.start(self._names[p], tensor, compressor, average=op == hvd.Average)
+            send = ternary.start(self._names[p], tensor, compressor, average=op == hvd.Average, step=state.step_count)
             state.record(p, 4 * ternary.layout.words(send.values.numel()) + SCALE_BYTES)  # int32 words + the MAX
             return send, None
         wire, ctx = self._compress(p, tensor)

@@ -1,4 +1,4 @@
-"""Quantized lanes in torch ops, following the digit layout of ``pactrain_hvd.core.lanes``.
+"""Quantized lanes in torch ops, following the digit layout of ``pactrain_hvd.core.lanes``, and the rounding noise.
 
 Mirrors the numpy reference functions there, vectorised: codes reshaped to ``[words, lanes]``,
 weighted by the digits' powers and summed; summed words divided by the powers, modulo the radix.
@@ -11,6 +11,7 @@ import functools
 import torch
 
 from pactrain_hvd.core.lanes import STEP_OVER_MEAN, LaneLayout
+from pactrain_hvd.core.quantized import noise_seed
 
 
 @functools.cache
@@ -67,3 +68,19 @@ def dequantize(words: torch.Tensor, layout: LaneLayout, count: int, scale: torch
     as fp32, the arithmetic in one buffer (the sums are small integers, exact in fp32)."""
     summed = unpack_lanes(words, layout, count).to(torch.float32)
     return summed.sub_(layout.offset * layout.world_size).mul_(scale).div_(divisor * layout.levels)
+
+
+class Noise:
+    """Uniform [0, 1) noise for stochastic rounding, drawn for (rank, tensor, step) (``core.quantized``); one
+    generator per device, reseeded for every draw."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    def uniform(self, name: str, step: int, count: int, device: torch.device) -> torch.Tensor:
+        generator = self._generators.get(device)
+        if generator is None:
+            generator = self._generators[device] = torch.Generator(device=device)
+        generator.manual_seed(noise_seed(self.rank, name, step))
+        return torch.rand(count, generator=generator, device=device)

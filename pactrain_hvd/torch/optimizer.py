@@ -189,7 +189,7 @@ class DistributedOptimizer(HorovodEngine, StateReadings, torch.optim.Optimizer):
     # -- checkpoints (format: checkpoint.py) ------------------------------------------------------
     def state_dict(self) -> dict:
         """The wrapped optimizer's state dict plus ``"pactrain"``: schedule position and masks, and with
-        ``packed_values="ternary"`` this rank's error memory and rounding noise and the held scales. Where
+        ``packed_values="ternary"`` this rank's error memory and the held scales. Where
         the wrapped optimizer has state, its entries also carry masks, schedule position and scales, so
         that ``hvd.broadcast_optimizer_state`` (Horovod's resume idiom) broadcasts them. Where nothing is
         pruned (``sparsity=0``, no ``masks=``), ``"state"`` is the wrapped optimizer's, exactly as with Horovod.
@@ -201,7 +201,7 @@ class DistributedOptimizer(HorovodEngine, StateReadings, torch.optim.Optimizer):
         """Restore optimizer state, masks and schedule position; validated before anything changes.
 
         Local (no communication), so it may run on one rank: then call ``broadcast_masks``.
-        Ternary error memory and noise are per rank: they are restored only on the rank that
+        Quantized values' error memory is per rank: it is restored only on the rank that
         saved them (for an exact resume every rank saves and loads its own checkpoint).
         """
         inner, pactrain = checkpoint.without_pactrain(state_dict)

@@ -23,34 +23,10 @@ import torch
 from horovod.torch.mpi_ops import allreduce_async_, synchronize
 
 from pactrain_hvd.core import CheckpointError
-from pactrain_hvd.core.lanes import NOISE_SEED, LaneLayout, quantized_layout
+from pactrain_hvd.core.lanes import LaneLayout, quantized_layout
 from pactrain_hvd.torch.compression import PacTrainCompressor
-from pactrain_hvd.torch.lanes import local_scale, stochastic_codes
+from pactrain_hvd.torch.lanes import Noise, local_scale, stochastic_codes
 from pactrain_hvd.torch.memory import ErrorFeedback
-
-
-class NoiseSource:
-    """Uniform [0, 1) noise for stochastic rounding; one generator per device."""
-
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
-        self._generators: dict[torch.device, torch.Generator] = {}
-
-    def uniform(self, count: int, device: torch.device) -> torch.Tensor:
-        return torch.rand(count, generator=self._generator(device), device=device)
-
-    def _generator(self, device: torch.device) -> torch.Generator:
-        generator = self._generators.get(device)
-        if generator is None:
-            generator = self._generators[device] = torch.Generator(device=device).manual_seed(self.seed)
-        return generator
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {str(device): generator.get_state() for device, generator in self._generators.items()}
-
-    def load_state_dict(self, states: dict[str, torch.Tensor]) -> None:
-        for device, state in states.items():
-            self._generator(torch.device(device)).set_state(state)
 
 
 @dataclass
@@ -63,6 +39,7 @@ class QuantizedSend:
     values: torch.Tensor  # gathered survivors plus the error memory, fp32 (spent once the codes are made)
     divisor: float
     max_handle: Any
+    step: int  # the schedule position: the rounding noise's
     words: torch.Tensor | None = None
     words_handle: Any = None
     ctx: Any = None
@@ -86,14 +63,13 @@ class QuantizedReduction:
         self.layout: LaneLayout = layout
         self.process_set = process_set
         self.memory = ErrorFeedback()
-        self.noise = NoiseSource(NOISE_SEED + process_set.rank())
+        self.noise = Noise(process_set.rank())
         self.scales: dict[str, torch.Tensor] = {}  # per tensor, the scale of its next send (fp32 scalar)
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's error memory and rounding noise: what an exact resume needs besides the masks and
-        the held scales (those are the same on every rank: ``scale_vector``)."""
-        return {"rank": self.process_set.rank(), "noise": self.noise.state_dict(),
-                "residuals": self.memory.state_dict()}
+        """This rank's error memory: what an exact resume needs besides the masks, the step and the held scales
+        (those are the same on every rank: ``scale_vector``; the noise is the step's)."""
+        return {"rank": self.process_set.rank(), "residuals": self.memory.state_dict()}
 
     def scale_vector(self, names: list[str]) -> torch.Tensor:
         """The held scales of ``names`` as one fp32 CPU tensor, NaN where none is held (a sync: checkpoints only)."""
@@ -108,13 +84,15 @@ class QuantizedReduction:
         self.scales = {name: value.to(devices[name]) for name, value in zip(names, vector.float())
                        if not torch.isnan(value)}
 
-    def start(self, name: str, grad: torch.Tensor, compressor: PacTrainCompressor, average: bool) -> QuantizedSend:
-        """Launch ``name``'s MAX all-reduce, and its codes' SUM all-reduce where a scale is held. No sync."""
+    def start(self, name: str, grad: torch.Tensor, compressor: PacTrainCompressor, average: bool,
+              step: int) -> QuantizedSend:
+        """Launch ``name``'s MAX all-reduce, and its codes' SUM all-reduce where a scale is held, at schedule
+        position ``step``. No sync."""
         values, local = self.gather(name, grad, compressor)
         max_handle = allreduce_async_(local.reshape(1), name=f"{name}.pactrain.scale", op=hvd.Max,
                                       process_set=self.process_set)
         send = QuantizedSend(name, grad, compressor, values, float(self.layout.world_size) if average else 1.0,
-                           max_handle)
+                             max_handle, step)
         scale = self.scales.get(name)
         if scale is not None:
             self._send_codes(send, scale)
@@ -150,7 +128,8 @@ class QuantizedReduction:
         values = send.values
         scale = scale.to(values.device)
         levels = self.layout.levels
-        codes = stochastic_codes(values, scale, self.noise.uniform(values.numel(), values.device), levels)
+        noise = self.noise.uniform(send.name, send.step, values.numel(), values.device)
+        codes = stochastic_codes(values, scale, noise, levels)
         send.words, send.ctx = send.compressor.compress_codes(send.grad, codes, scale, send.divisor)
         self.memory.store(send.name, values, codes.mul_(scale / levels))  # both buffers are spent here
 

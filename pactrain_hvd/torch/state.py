@@ -139,7 +139,7 @@ class PacTrainState(PruningReadout, SharedMaskOperations, BroadcastCarry):
 
     @property
     def quantized(self) -> QuantizedReduction | None:
-        """The quantized reduction (error memory, noise, held scales), or None where values are not quantized."""
+        """The quantized reduction (error memory, rounding noise, held scales), or None where values are not quantized."""
         return self._quantized
 
     def fit_masks(self, masks: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -148,9 +148,9 @@ class PacTrainState(PruningReadout, SharedMaskOperations, BroadcastCarry):
         return self.pruner.validate(host_masks(masks, flags=True))
 
     def load_quantized(self, saved: dict) -> None:
-        """This rank's saved error memory and noise (``QuantizedReduction.state_dict``'s, validated), for the
-        parameters whose plan rounds them to quantized codes."""
-        self._quantized.noise.load_state_dict(saved["noise"])
+        """This rank's saved error memory (``QuantizedReduction.state_dict``'s, validated; a rounding-noise state
+        that checkpoints before keyed noise hold is not needed), for the parameters whose plan rounds them to
+        quantized codes."""
         self._quantized.memory.load_state_dict({name: residual for name, residual in saved["residuals"].items()
                                               if self.compressor(self._parameters[name]).lanes is not None},
                                              self.devices())

@@ -283,8 +283,8 @@ def scenario_fp16_wrapper_sends_dense_buckets_in_fp16():
 
 def scenario_quantized_values_and_their_exact_resume(packed_values, levels, lanes_per_word):
     """``packed_values="ternary"`` or ``"int3"``: each survivor's reduced gradient is the mean of the ranks' codes
-    times the shared step; int32 lane words plus one scale per bucket on the wire; error memory and noise resume
-    exactly."""
+    times the shared step; int32 lane words plus one scale per bucket on the wire; error memory and noise (drawn for
+    the step) resume exactly."""
     def make_quantized():
         torch.manual_seed(0)
         model = DDP(Net(), bucket_cap_mb=0.02)

@@ -24,7 +24,7 @@ model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.L
 opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3),
                               named_parameters=model.named_parameters(), sparsity=0.9, ranking="layer", begin_step=2, end_step=12,
                               frequency=3, pack_min_numel=0, packed_values=args.packed_values)
-# Ternary error memory and rounding noise belong to each rank: every rank keeps its own file.
+# Ternary error memory belongs to each rank: every rank keeps its own file.
 per_rank = args.packed_values == "ternary"
 checkpoint = f"{args.checkpoint}.rank{hvd.rank()}" if per_rank else args.checkpoint
 start = 0

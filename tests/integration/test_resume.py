@@ -39,9 +39,8 @@ def test_resume_after_kill_is_bitwise_an_uninterrupted_run(tmp_path, values):
         assert torch.equal(a["optimizer"]["pactrain"]["masks"][name], mask), name
     for key, state in b["optimizer"]["state"].items():
         assert torch.equal(a["optimizer"]["state"][key]["momentum_buffer"], state["momentum_buffer"])
-    if values == "ternary":  # rank 0's error memory and noise carried over exactly
+    if values == "ternary":  # rank 0's error memory carried over exactly (the noise is the step's)
         ours, theirs = a["optimizer"]["pactrain"]["quantized"], b["optimizer"]["pactrain"]["quantized"]
         assert ours["residuals"].keys() == theirs["residuals"].keys() and len(theirs["residuals"]) >= 1
         for name, residual in theirs["residuals"].items():
             assert torch.equal(ours["residuals"][name], residual), name
-        assert all(torch.equal(ours["noise"][d], state) for d, state in theirs["noise"].items())

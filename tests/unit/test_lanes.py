@@ -273,10 +273,23 @@ def test_tf_error_feedback_carries_the_error_and_remaps_to_surviving_coordinates
     assert memory.residuals["w"].numpy().size == 0
 
 
-def test_tf_noise_differs_by_seed_and_is_uniform():
-    first, second = tf_quantized.NoiseSource(1).uniform(tf.constant(1000)), tf_quantized.NoiseSource(2).uniform(1000)
-    assert not np.array_equal(first.numpy(), second.numpy())
-    assert 0 <= first.numpy().min() and first.numpy().max() < 1 and abs(first.numpy().mean() - 0.5) < 0.05
+def test_rounding_noise_is_a_function_of_rank_tensor_and_step_alone():
+    from pactrain_hvd.core.quantized import noise_key, noise_seed, uniform_noise
+    from pactrain_hvd.torch.lanes import Noise
+
+    draws = {key: uniform_noise(*key, 1000) for key in ((0, "w", 3), (1, "w", 3), (0, "v", 3), (0, "w", 4))}
+    assert all(not np.array_equal(a, b) for i, a in enumerate(draws.values()) for b in list(draws.values())[i + 1:])
+    np.testing.assert_array_equal(uniform_noise(0, "w", 3, 1000), draws[(0, "w", 3)])  # drawn again: the same
+    first = draws[(0, "w", 3)]
+    assert 0 <= first.min() and first.max() < 1 and abs(first.mean() - 0.5) < 0.05
+    seeds = {noise_seed(rank, name, step) for rank in range(4) for name in ("w", "v") for step in range(100)}
+    assert len(seeds) == 800 and max(seeds) < 2**32 and noise_key(0, "w") < 2**31
+    torch_noise = Noise(rank=0)
+    again = [torch_noise.uniform(name, 3, 1000, torch.device("cpu")) for name in ("w", "v", "w")]
+    assert torch.equal(again[0], again[2]) and not torch.equal(again[0], again[1])  # whatever the order
+    seed = tf.constant([noise_key(0, "w"), 3], tf.int64)
+    tf_draw = tf.random.stateless_uniform([1000], seed).numpy()
+    np.testing.assert_array_equal(tf_draw, tf.random.stateless_uniform([1000], seed).numpy())
 
 
 def test_compressor_ternary_round_trip_as_if_summed_over_two_ranks():

@@ -31,7 +31,7 @@ def test_fp16_rounds_each_worker_then_sums():
 
 def test_ternary_decodes_the_summed_lanes_at_the_held_scale():
     # noise 0.5 everywhere: a value survives rounding where |v| > scale / 2
-    virtual = VirtualWorkers(parse_method("pactrain-0.9-ternary"), 2, noise=lambda rank, count: np.full(count, 0.5, np.float32))
+    virtual = VirtualWorkers(parse_method("pactrain-0.9-ternary"), 2, noise=lambda rank, name, step, count: np.full(count, 0.5, np.float32))
     mask = np.array([True, True, True, False, True])
     g0 = np.array([1.0, -0.2, 0.0, 9.0, 3.0], np.float32)
     g1 = np.array([0.5, -1.0, 0.1, 9.0, -3.0], np.float32)

@@ -32,7 +32,8 @@ def _quantized_allreduce(state: PacTrainHookState, plan: BucketPlan, buffer: tor
     dist.all_reduce(scales, op=dist.ReduceOp.MAX, group=group)
     values = torch.cat(parts)
     per_value = torch.repeat_interleave(scales, torch.tensor(counts, device=scales.device))
-    noise = torch.cat([state.rounding_noise(name, count, values.device) for name, count in plan.segments])
+    noise = torch.cat([state.noise.uniform(name, state.step_count, count, values.device)
+                       for name, count in plan.segments])
     codes = stochastic_codes(values, per_value, noise, levels)
     words = encode(codes, state.lanes)
     for name, value, sent in zip(names, parts, codes.mul_(per_value / levels).split(counts)):

@@ -7,7 +7,6 @@ enforcement are the Horovod frontend's ``Pruner``, moved by ``torch.distributed`
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 import numpy as np
@@ -25,6 +24,7 @@ from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings, 
 from pactrain_hvd.core.settings import pactrain_settings
 from pactrain_hvd.torch.checkpoint import saved_step_and_masks
 from pactrain_hvd.torch.ddp.buckets import BucketPlan, BucketPlans
+from pactrain_hvd.torch.lanes import Noise
 from pactrain_hvd.torch.memory import ErrorFeedback
 from pactrain_hvd.torch.pruning import (
     Pruner,
@@ -35,9 +35,6 @@ from pactrain_hvd.torch.pruning import (
     select_prunable,
     zero_stays_zero,
 )
-
-_NOISE_SEED = 0xDD9  # rounding noise of quantized codes: drawn per (rank, step, parameter), see rounding_noise
-
 
 # What the hook state does not take: masks of the user's own, the deprecated ``values``, local steps (a DDP hook
 # sees gradients only, not the weights an outer step moves).
@@ -121,10 +118,10 @@ class PacTrainHookState(PruningReadout, SharedMaskOperations):
         # None: the bucket's dtype; a quantized encoding's where lanes do not pay. Gloo and NCCL carry bfloat16.
         self.packed_dtype = None if encoding.wire is None else getattr(torch, encoding.wire)
         # Per parameter, not per bucket: DDP rebuilds its buckets after the first iteration (and a resumed
-        # run starts from the first buckets again), so only per-parameter memory and noise resume exactly.
+        # run starts from the first buckets again), so only per-parameter memory and noise (``core.quantized``) resume exactly.
         self.memory = ErrorFeedback()
         self._rank = dist.get_rank(process_group)
-        self._generators: dict[torch.device, torch.Generator] = {}
+        self.noise = Noise(self._rank)  # rounding noise of quantized codes, drawn for (rank, parameter, step)
         self.pruner = Pruner(self.parameters, select_prunable(self.parameters, pactrain["prunable"]), self.config.schedule,
                               self.config.ranking, exchange=dist_exchange(process_group),
                               settings={**self.config.shared_settings(), "packed_values": packed_values})
@@ -230,14 +227,6 @@ class PacTrainHookState(PruningReadout, SharedMaskOperations):
     def plan(self, bucket: dist.GradBucket) -> BucketPlan:
         """How ``bucket`` travels under the current masks."""
         return self._plans.of(bucket, self.pruner.masks)
-
-    def rounding_noise(self, name: str, count: int, device: torch.device) -> torch.Tensor:
-        """Uniform [0, 1) noise for one parameter's survivors, a function of (rank, step, parameter)."""
-        generator = self._generators.get(device)
-        if generator is None:
-            generator = self._generators[device] = torch.Generator(device=device)
-        generator.manual_seed(zlib.crc32(f"{_NOISE_SEED}:{self._rank}:{self.cycle.step}:{name}".encode()))
-        return torch.rand(count, generator=generator, device=device)
 
     def record(self, bucket: dist.GradBucket, plan: BucketPlan, sent_bytes: int) -> None:
         """What ``bucket`` put on the wire: ``stats()``."""

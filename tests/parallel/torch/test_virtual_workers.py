@@ -17,8 +17,8 @@ import torch
 import pactrain_hvd.torch as pt
 from benchmarks.baselines.powersgd import PowerSGDDistributedOptimizer
 from benchmarks.baselines.topk import TopKDistributedOptimizer
-from pactrain_hvd.core.lanes import NOISE_SEED
 from pactrain_hvd.planner import VirtualWorkers, parse_method
+from pactrain_hvd.torch.lanes import Noise
 
 STEPS = 4
 
@@ -88,10 +88,9 @@ def virtual_run(virtual: VirtualWorkers, masks: dict[str, np.ndarray]) -> dict[s
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def torch_noise(workers: int):
-    """Each rank's rounding noise as the library draws it: torch's generator seeded NOISE_SEED + rank."""
-    generators = [torch.Generator().manual_seed(NOISE_SEED + rank) for rank in range(workers)]
-    return lambda rank, count: torch.rand(count, generator=generators[rank]).numpy()
+def torch_noise(rank: int, name: str, step: int, count: int) -> np.ndarray:
+    """A rank's rounding noise for a tensor and step as the library draws it (``pactrain_hvd.torch.lanes.Noise``)."""
+    return Noise(rank).uniform(name, step, count, torch.device("cpu")).numpy()
 
 
 def all_true(flag: bool, name: str) -> bool:
@@ -121,14 +120,14 @@ def test_virtual_workers_equal_a_real_run_bit_for_bit(method, make):
 
 
 def test_virtual_workers_equal_a_real_run_with_ternary_values_bit_for_bit():
-    """Ternary values, given the library's noise stream (``noise=``: torch's generator seeded NOISE_SEED + rank;
-    one ternary tensor, so one draw order), the same held MAX scale and the same int32 lanes. Left to its default,
+    """Ternary values, given the library's noise (``noise=``: torch's generator seeded for the rank, tensor and
+    step), the same held MAX scale and the same int32 lanes. Left to its default,
     numpy's noise, a virtual run equals a real one in distribution only. The scale is ``2 x mean |value|``, taken
     by numpy on one side and torch on the other: here the two means agree to the bit; on a tensor where their
     summation orders round differently, a scale one ulp apart would move the weights by about that much."""
     make = pactrain("ternary", compression=hvd.Compression.fp16)
     real, masks = real_run(make)
-    replayed = virtual_run(VirtualWorkers(parse_method("pactrain-0.9-ternary"), hvd.size(), noise=torch_noise(hvd.size())),
+    replayed = virtual_run(VirtualWorkers(parse_method("pactrain-0.9-ternary"), hvd.size(), noise=torch_noise),
                            masks)
     for name, weight in real.items():
         assert all_true(torch.equal(weight, replayed[name]), f"ternary.{name}"), \
