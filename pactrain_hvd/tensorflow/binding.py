@@ -11,7 +11,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from pactrain_hvd.tensorflow import checkpoint
+from pactrain_hvd.core.checkpoint import SavedState, from_npz
 from pactrain_hvd.tensorflow.bound import BoundTensors
 from pactrain_hvd.tensorflow.compression import PacTrainCompressor
 from pactrain_hvd.tensorflow.maintenance import Maintenance
@@ -27,11 +27,11 @@ class Binding:
         prunable: the state's ``prunable`` (predicate, patterns or None: every variable ``select_prunable`` takes).
         compression: Horovod's compressor, for the values of tensors that are not packed.
         own_masks: ``core.own_masks`` masks to resolve against the first names, or None.
-        restore: installs a ``checkpoint.SavedState`` into the bound variables.
+        restore: installs a ``core.checkpoint.SavedState`` into the bound variables.
     """
 
     def __init__(self, bound: BoundTensors, maintenance: Maintenance, prunable: Any, compression: Any,
-                 own_masks: Any, restore: Callable[[checkpoint.SavedState], None]) -> None:
+                 own_masks: Any, restore: Callable[[SavedState], None]) -> None:
         self.bound = bound
         self.maintenance = maintenance
         self.prunable = prunable
@@ -85,4 +85,4 @@ class Binding:
             self.maintenance.install(bound.pruner.validate(own_masks))
         if self.pending_restore is not None:
             blob, self.pending_restore = self.pending_restore, None
-            self.restore(checkpoint.parse(blob))
+            self.restore(from_npz(blob))

@@ -41,6 +41,7 @@ from pactrain_hvd.core import (
     check_saved_world_size,
     saved_by_this_rank,
 )
+from pactrain_hvd.core.checkpoint import SavedState, from_npz, to_npz
 from pactrain_hvd.core.keywords import LOCAL_STEP_KEYWORDS, documents_keywords, pactrain_keywords
 from pactrain_hvd.core.lanes import quantized_layout
 from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
@@ -156,7 +157,7 @@ class PacTrainState(tf.train.experimental.PythonState):
         """``{variable name: bool mask}`` for every pruned variable (copies; restored but not yet
         bound: under the names they were saved with)."""
         if self.binding.pending_restore is not None:
-            return {name: mask for _, name, mask in checkpoint.parse(self.binding.pending_restore).masks}
+            return dict(from_npz(self.binding.pending_restore).masks)
         return {name: mask.copy() for name, mask in self.bound.pruner.masks.items()}
 
     def stats(self) -> dict:
@@ -240,11 +241,11 @@ class PacTrainState(tf.train.experimental.PythonState):
         """Schedule position and masks (and quantized values' held scales and error memory) as bytes."""
         if self.binding.pending_restore is not None:
             return self.binding.pending_restore
-        return checkpoint.to_bytes(self.snapshot())
+        return to_npz(self.snapshot())
 
     def deserialize(self, string_value: bytes) -> None:
         """Restore schedule position and masks; local, validated before anything changes."""
-        saved = checkpoint.parse(string_value)
+        saved = from_npz(string_value)
         check_saved_settings(saved.settings, checkpoint_settings(self.config, self.reduction.packed_values),
                              saved.step, self.config)
         check_saved_world_size(saved.world_size, self.reduction.group_size())
@@ -254,22 +255,22 @@ class PacTrainState(tf.train.experimental.PythonState):
             return
         self.restore(saved)
 
-    def snapshot(self) -> checkpoint.SavedState:
-        """What a checkpoint saves: schedule position, world size, settings and masks (by variable position);
-        with quantized values the held scales and this rank's error memory."""
+    def snapshot(self) -> SavedState:
+        """What a checkpoint saves: schedule position, world size, settings and masks (with each variable's
+        position); with quantized values the held scales and this rank's error memory."""
         bound = self.bound
-        names = sorted(bound.pruner.masks)
-        masks = [(bound.names.index(name), name, bound.pruner.masks[name]) for name in names]
-        ternary = None
+        masks = {name: bound.pruner.masks[name] for name in sorted(bound.pruner.masks)}
+        scales = quantized = None
         if bound.quantized is not None:
             residuals = bound.quantized.memory.state_dict()
-            ternary = checkpoint.SavedQuantized(
-                self.process_set.rank(), {position: residuals[name] for position, name, _ in masks},
-                {bound.names.index(name): float(scale.numpy()) for name, scale in bound.quantized.scales.items()})
-        return checkpoint.SavedState(self.step_count, self.reduction.group_size(), masks, ternary,
-                                     checkpoint_settings(self.config, self.reduction.packed_values))
+            quantized = {"rank": self.process_set.rank(), "residuals": {name: residuals[name] for name in masks}}
+            scales = {name: float(value) for name, scale in bound.quantized.scales.items()
+                      if not np.isnan(value := scale.numpy())}
+        positions = {name: bound.names.index(name) for name in {*masks, *(scales or {})}}
+        return SavedState(self.step_count, masks, checkpoint_settings(self.config, self.reduction.packed_values),
+                          self.reduction.group_size(), positions, scales, quantized)
 
-    def restore(self, saved: checkpoint.SavedState) -> None:
+    def restore(self, saved: SavedState) -> None:
         """Install a checkpoint's state into the bound variables; validated before anything changes. Local."""
         bound = self.bound
         try:
@@ -278,9 +279,9 @@ class PacTrainState(tf.train.experimental.PythonState):
             raise CheckpointError(f"checkpoint does not fit these variables: {error}") from error
         residuals = None
         if (saved.quantized is not None and bound.quantized is not None
-                and saved_by_this_rank(saved.quantized.rank, self.process_set.rank,
+                and saved_by_this_rank(saved.quantized["rank"], self.process_set.rank,
                                        holds_state=saved.step > 0)):
-            residuals = checkpoint.residuals_by_name(saved.quantized, bound.names, {
+            residuals = checkpoint.residuals_by_name(saved, bound.names, {
                 name: int(mask.sum()) if self.maintenance.packs(mask) else 0 for name, mask in masks.items()})
         scales = checkpoint.scales_by_name(saved, bound.names)
         self.maintenance.set_step(saved.step)

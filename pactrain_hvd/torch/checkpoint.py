@@ -1,24 +1,22 @@
 """Checkpoints: PacTrain's entries in an optimizer state dict, and atomic checkpoint files.
 
-``DistributedOptimizer.state_dict()`` is the wrapped optimizer's plus ``"pactrain"`` (schedule
-position, masks, quantization memory and scales; with local steps the anchor and outer momentum). Where
+``DistributedOptimizer.state_dict()`` is the wrapped optimizer's plus ``"pactrain"``, core's checkpoint
+entry (``pactrain_hvd.core.checkpoint``: schedule position, settings, masks, held scales, this rank's
+quantization memory; with local steps the anchor and outer momentum). Where
 the wrapped optimizer has state, each prunable parameter's entry also holds its mask
 (``"pactrain.mask"``: uint8, as Horovod broadcasts no bool tensors; the same tensor as in
 ``["pactrain"]["masks"]``, so a checkpoint stores it once), the first parameter's the schedule
 position (``"pactrain.step"``) and held quantization scales (``"pactrain.scales"``), and with local steps
 each parameter's its anchor and outer momentum: ``hvd.broadcast_optimizer_state`` broadcasts them
-with the rest, so Horovod's own resume idiom carries them (``PacTrainState.export``). Checkpoints that
-name the quantization entries ``"ternary"`` and ``"ternary_scales"`` (their earlier names) still load.
+with the rest, so Horovod's own resume idiom carries them (``PacTrainState.export``).
 """
 
 from __future__ import annotations
 
-import numbers
 import os
 import tempfile
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ import numpy as np
 import torch
 
 from pactrain_hvd.core import CheckpointError, check_saved_world_size, saved_by_this_rank, while_running
+from pactrain_hvd.core.checkpoint import SavedState, checked_scales, entry, read_entry
 from pactrain_hvd.core.digest import ndarray_bytes, with_digest, without_digest
 from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
 from pactrain_hvd.torch.state import PacTrainState
@@ -35,25 +34,18 @@ _ANCHOR_KEY, _MOMENTUM_KEY = "pactrain.anchor", "pactrain.outer_momentum"
 _KEYS = (_MASK_KEY, _STEP_KEY, _SCALES_KEY, _ANCHOR_KEY, _MOMENTUM_KEY)
 
 
-@dataclass
-class SavedState:
-    """A checkpoint's PacTrain state, validated against the state it is loaded into."""
-
-    step: int
-    masks: dict[str, np.ndarray]
-    scales: torch.Tensor | None  # held quantization scales, one per parameter (NaN: none)
-    quantized: dict | None  # this rank's error memory, if this rank saved it
-    outer: dict | None = None  # local steps' anchor and outer momentum
-
-
 def with_pactrain(state: PacTrainState, inner: dict, optimized: list[torch.Tensor]) -> dict:
     """``inner`` (the wrapped optimizer's state dict, whose parameters are ``optimized``) plus PacTrain's state."""
     exported = state.export()
-    inner["pactrain"] = {"step": state.step_count, "sparsity": state.config.sparsity,
-                         "settings": checkpoint_settings(state.config, state.packed_values),
-                         "world_size": while_running(state.process_set.size), "masks": exported["masks"]}
-    if state.outer is not None:
-        inner["pactrain"]["outer"] = state.outer.state_dict()
+    scales = quantized = None
+    if state.quantized is not None:
+        vector = exported["scales"]
+        scales = {name: float(value) for name, value in zip(state.parameters, vector) if not torch.isnan(value)}
+        quantized = state.quantized.state_dict()
+    inner["pactrain"] = entry(SavedState(
+        state.step_count, exported["masks"], checkpoint_settings(state.config, state.packed_values),
+        while_running(state.process_set.size), scales=scales, quantized=quantized,
+        outer=state.outer.state_dict() if state.outer is not None else None))
     if (state.tracking or state.outer is not None) and inner["state"]:  # Horovod initialises an empty state first
         index = {id(p): i for i, p in enumerate(optimized)}
         additions = {0: {_STEP_KEY: exported["step"]}}
@@ -67,9 +59,6 @@ def with_pactrain(state: PacTrainState, inner: dict, optimized: list[torch.Tenso
                     {_ANCHOR_KEY: anchor, _MOMENTUM_KEY: state.outer.momentum[name]})
         for pid, entries in additions.items():  # new dicts: the wrapped optimizer's own stay as they are
             inner["state"][pid] = {**inner["state"].get(pid, {}), **entries}
-    if state.quantized is not None:
-        inner["pactrain"]["quantized"] = state.quantized.state_dict()
-        inner["pactrain"]["quantized_scales"] = exported["scales"]
     return inner
 
 
@@ -84,64 +73,53 @@ def without_pactrain(state_dict: dict) -> tuple[dict, Any]:
 
 
 def validated(state: PacTrainState, pactrain: Any) -> SavedState:
-    """``pactrain`` checked against ``state``'s parameters, world size and codec; ``CheckpointError`` if it does not fit."""
-    step, masks = saved_step_and_masks(state.fit_masks, pactrain, "the 'pactrain' entry of the optimizer state dict")
-    check_saved_settings(pactrain.get("settings", {"sparsity": pactrain["sparsity"]} if "sparsity" in pactrain else None),
-                         checkpoint_settings(state.config, state.packed_values), step, state.config)
+    """``pactrain`` read and checked against ``state``'s parameters, settings, world size and codec (its masks as
+    host masks); ``CheckpointError`` if it does not fit."""
+    saved = read_entry(pactrain, "the 'pactrain' entry of the optimizer state dict", scale_names=list(state.parameters))
+    saved.masks = fitted_masks(state.fit_masks, saved.masks)
+    check_saved_settings(saved.settings, checkpoint_settings(state.config, state.packed_values), saved.step, state.config)
     current = while_running(state.process_set.size)
     if current is not None:
-        check_saved_world_size(pactrain.get("world_size"), current)
-    outer = pactrain.get("outer") if state.outer is not None else None
-    if outer is not None:
-        state.outer.validate(outer)
+        check_saved_world_size(saved.world_size, current)
+    saved.outer = saved.outer if state.outer is not None else None
+    if saved.outer is not None:
+        state.outer.validate(saved.outer)
     if state.quantized is None:
-        return SavedState(step, masks, None, None, outer)
-    saved_quantized = _saved_quantized(state, pactrain.get("quantized", pactrain.get("ternary")), masks, step)
-    scales = pactrain.get("quantized_scales", pactrain.get("ternary_scales"))
-    count = len(state.parameters)
-    if scales is not None and (not isinstance(scales, torch.Tensor) or scales.shape != (count,)):
-        raise CheckpointError(f"checkpoint 'quantized_scales' must be a tensor of {count} values, one per parameter")
-    return SavedState(step, masks, scales, saved_quantized, outer)
+        saved.scales = saved.quantized = None
+        return saved
+    saved.scales = checked_scales(saved.scales or {})
+    if saved.quantized is not None and saved_by_this_rank(saved.quantized["rank"], state.process_set.rank,
+                                                          holds_state=saved.step > 0):
+        state.quantized.memory.validate(saved.quantized["residuals"],
+                                        {name: int(mask.sum()) for name, mask in saved.masks.items()})
+    else:
+        saved.quantized = None
+    return saved
 
 
 COMPILED_PREFIX = "_orig_mod."  # what torch.compile puts before the wrapped module's parameter names
 
 
-def saved_step_and_masks(fit_masks: Callable[[Any], dict[str, np.ndarray]], saved: Any,
-                         what: str) -> tuple[int, dict[str, np.ndarray]]:
-    """The schedule position and masks of ``saved`` (``what``, in messages), masks checked by ``fit_masks``
-    (a state's: validated host masks of its tensors, or ``TypeError`` / ``ValueError``)."""
-    if not isinstance(saved, dict) or not {"step", "masks"} <= set(saved):
-        raise CheckpointError(f"{what} needs 'step' and 'masks'")
-    step = saved["step"]
-    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
-        raise CheckpointError(f"checkpoint step must be an int >= 0, got {step!r}")
+def fitted_masks(fit_masks: Callable[[Any], dict[str, np.ndarray]], masks: Any) -> dict[str, np.ndarray]:
+    """A checkpoint's masks checked by ``fit_masks`` (a state's: validated host masks of its tensors, or
+    ``TypeError`` / ``ValueError``)."""
     try:
-        return int(step), fit_masks(saved["masks"])
+        return fit_masks(masks)
     except (TypeError, ValueError) as error:
-        compiled = isinstance(saved["masks"], dict) and any(COMPILED_PREFIX in str(name) for name in saved["masks"])
+        compiled = any(COMPILED_PREFIX in str(name) for name in masks)
         hint = (f". Its names hold {COMPILED_PREFIX!r}: it was saved from a torch.compile'd model; compile this model "
                 "the same way before loading, or rename the masks without the prefix") if compiled else ""
         raise CheckpointError(f"checkpoint does not fit this model: {error}{hint}") from error
 
 
-def _saved_quantized(state: PacTrainState, saved: Any, masks: dict[str, np.ndarray], step: int) -> dict | None:
-    """The checkpoint's quantization entry if this rank wrote it (another rank's, from a run that has stepped: a warning)."""
-    if saved is None:
-        return None
-    if not isinstance(saved, dict) or not {"rank", "residuals"} <= set(saved):
-        raise CheckpointError("the 'quantized' entry of the 'pactrain' state needs 'rank' and 'residuals'")
-    if not saved_by_this_rank(saved["rank"], state.process_set.rank, holds_state=step > 0):
-        return None
-    state.quantized.memory.validate(saved["residuals"], {name: int(mask.sum()) for name, mask in masks.items()})
-    return saved
-
-
 def restore(state: PacTrainState, saved: SavedState) -> None:
-    """Install ``saved``: masks, schedule position and held scales (the same on every rank, whichever rank's
-    checkpoint it is), and where this rank saved it, its quantization error memory. With local steps: the
-    anchor and outer momentum (a checkpoint without them: the weights now are the anchor, no momentum)."""
-    state.adopt(saved.step, saved.masks, saved.scales)
+    """Install ``saved`` (``validated``): masks, schedule position and held scales (the same on every rank,
+    whichever rank's checkpoint it is), and where this rank saved it, its quantization error memory. With local
+    steps: the anchor and outer momentum (a checkpoint without them: the weights now are the anchor, no momentum)."""
+    scales = None
+    if saved.scales is not None:
+        scales = torch.tensor([saved.scales.get(name, float("nan")) for name in state.parameters], dtype=torch.float32)
+    state.adopt(saved.step, saved.masks, scales)
     if state.outer is not None:
         if saved.outer is not None:
             state.outer.load_state_dict(saved.outer)

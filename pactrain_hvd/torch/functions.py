@@ -10,7 +10,7 @@ from pactrain_hvd.torch.optimizer import DistributedOptimizer
 
 
 def broadcast_masks(optimizer: DistributedOptimizer, root_rank: int = 0) -> None:
-    """Give every rank ``root_rank``'s masks, schedule position and held ternary scales (start and resume).
+    """Give every rank ``root_rank``'s masks, schedule position and held quantization scales (start and resume).
 
     Use next to ``hvd.broadcast_parameters`` and ``hvd.broadcast_optimizer_state``. Collective: every rank of
     the optimizer's process set calls it; the Mask Tracker then proves the result at once.

@@ -74,11 +74,11 @@ class ErrorFeedback:
     def validate(self, residuals: Any, kept: dict[str, int]) -> dict[str, torch.Tensor]:
         """Saved residuals, checked against the surviving counts of the masks they go with."""
         if not isinstance(residuals, dict):
-            raise CheckpointError(f"ternary residuals must be a dict of name -> tensor, got {type(residuals).__name__}")
+            raise CheckpointError(f"quantization residuals must be a dict of name -> tensor, got {type(residuals).__name__}")
         for name, residual in residuals.items():
             if not (isinstance(residual, torch.Tensor) and residual.is_floating_point() and residual.dim() == 1):
-                raise CheckpointError(f"ternary residual of {name!r} must be a 1-D float tensor")
+                raise CheckpointError(f"quantization residual of {name!r} must be a 1-D float tensor")
             if residual.numel() != kept.get(name):
-                raise CheckpointError(f"ternary residual of {name!r} has {residual.numel()} values, its mask keeps "
+                raise CheckpointError(f"quantization residual of {name!r} has {residual.numel()} values, its mask keeps "
                                       f"{kept.get(name, 'no')} coordinates")
         return residuals

@@ -80,7 +80,7 @@ class QuantizedReduction:
     def hold_scales(self, names: list[str], vector: torch.Tensor, devices: dict[str, torch.device]) -> None:
         """Hold the scales of ``scale_vector`` (NaN: none), replacing all others."""
         if vector.shape != (len(names),):
-            raise CheckpointError(f"ternary scales must be a vector of {len(names)} values, got shape {tuple(vector.shape)}")
+            raise CheckpointError(f"quantization scales must be a vector of {len(names)} values, got shape {tuple(vector.shape)}")
         self.scales = {name: value.to(devices[name]) for name, value in zip(names, vector.float())
                        if not torch.isnan(value)}
 

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from pactrain_hvd.core import CheckpointError
-from pactrain_hvd.tensorflow import checkpoint
+from pactrain_hvd.core.checkpoint import SavedState, from_npz, to_npz
 
 
-def saved_state() -> checkpoint.SavedState:
+def saved_state() -> SavedState:
     mask = np.zeros((64, 32), bool)
     mask[:, :8] = True
-    return checkpoint.SavedState(step=12, world_size=2, masks=[(0, "dense/kernel", mask)], quantized=None,
-                                 settings={"sparsity": 0.75})
+    return SavedState(step=12, masks={"dense/kernel": mask}, settings={"sparsity": 0.75}, world_size=2,
+                      positions={"dense/kernel": 0})
 
 
 def with_one_byte_flipped(blob: bytes, entry: str) -> bytes:
@@ -30,27 +30,28 @@ def with_one_byte_flipped(blob: bytes, entry: str) -> bytes:
 
 
 def test_the_state_round_trips_with_its_digest():
-    parsed = checkpoint.parse(checkpoint.to_bytes(saved_state()))
+    parsed = from_npz(to_npz(saved_state()))
     assert parsed.step == 12 and parsed.settings == {"sparsity": 0.75}
-    assert np.array_equal(parsed.masks[0][2], saved_state().masks[0][2])
+    assert np.array_equal(parsed.masks["dense/kernel"], saved_state().masks["dense/kernel"])
+    assert parsed.positions == {"dense/kernel": 0} and parsed.world_size == 2
 
 
 def test_a_flipped_byte_in_a_mask_is_refused():
     """The archive's own CRC-32 catches a flip in place; the digest catches content rewritten into a sound archive."""
-    blob = checkpoint.to_bytes(saved_state())
+    blob = to_npz(saved_state())
     with pytest.raises(CheckpointError, match="Bad CRC-32 for file 'mask_0.npy'"):
-        checkpoint.parse(with_one_byte_flipped(blob, "mask_0.npy"))
+        from_npz(with_one_byte_flipped(blob, "mask_0.npy"))
     with np.load(io.BytesIO(blob)) as archive:
         entries = {name: archive[name] for name in archive.files}
     entries["mask_0"][0, 20] = True  # one more survivor, in an archive whose checksums are all correct
     rewritten = io.BytesIO()
     np.savez(rewritten, **entries)
     with pytest.raises(CheckpointError, match="does not match the digest it was saved with"):
-        checkpoint.parse(rewritten.getvalue())
+        from_npz(rewritten.getvalue())
 
 
 def test_a_truncated_state_and_a_torch_file_name_this_frontends_format():
-    blob = checkpoint.to_bytes(saved_state())
+    blob = to_npz(saved_state())
     with pytest.raises(CheckpointError, match="a TensorFlow PacTrain state is a NumPy .npz archive"):
-        checkpoint.parse(blob[: len(blob) // 2])
-    assert "weights_only" not in str(pytest.raises(CheckpointError, checkpoint.parse, b"PK\x03\x04 not an archive").value)
+        from_npz(blob[: len(blob) // 2])
+    assert "weights_only" not in str(pytest.raises(CheckpointError, from_npz, b"PK\x03\x04 not an archive").value)

@@ -14,15 +14,21 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from pactrain_hvd.core import CheckpointError, StepStats, TensorStats
+from pactrain_hvd.core import StepStats, TensorStats
+from pactrain_hvd.core.checkpoint import SavedState, entry, read_entry
 from pactrain_hvd.core.cycle import PruningCycle
 from pactrain_hvd.core.encodings import ENCODINGS
 from pactrain_hvd.core.keywords import LOCAL_STEP_KEYWORDS, documents_keywords, pactrain_keywords
 from pactrain_hvd.core.lanes import LaneLayout, quantized_layout
 from pactrain_hvd.core.lifecycle import StepLifecycle
-from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings, saved_by_this_rank
+from pactrain_hvd.core.resume import (
+    check_saved_settings,
+    check_saved_world_size,
+    checkpoint_settings,
+    saved_by_this_rank,
+)
 from pactrain_hvd.core.settings import pactrain_settings
-from pactrain_hvd.torch.checkpoint import saved_step_and_masks
+from pactrain_hvd.torch.checkpoint import fitted_masks
 from pactrain_hvd.torch.ddp.buckets import BucketPlan, BucketPlans
 from pactrain_hvd.torch.lanes import Noise
 from pactrain_hvd.torch.memory import ErrorFeedback
@@ -144,29 +150,27 @@ class PacTrainHookState(PruningReadout, SharedMaskOperations):
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Masks and schedule position; with quantized values also this rank's error memory (its noise is a
-        function of rank, step and parameter: nothing to save)."""
-        state = {"step": self.cycle.step, "sparsity": self.config.sparsity,
-                 "settings": checkpoint_settings(self.config, self.packed_values),
-                 "masks": {name: mask.to(torch.uint8).cpu() for name, mask in self.pruner.masks.items()}}
-        if self.lanes is not None:
-            state["quantized"] = {"rank": self._rank, "residuals": self.memory.state_dict()}
-        return state
+        """Core's checkpoint entry (``pactrain_hvd.core.checkpoint``): masks, schedule position, settings, world
+        size; with quantized values also this rank's error memory (its noise is drawn for the step: nothing to
+        save)."""
+        masks = {name: mask.to(torch.uint8).cpu() for name, mask in self.pruner.masks.items()}
+        quantized = {"rank": self._rank, "residuals": self.memory.state_dict()} if self.lanes is not None else None
+        return entry(SavedState(self.cycle.step, masks, checkpoint_settings(self.config, self.packed_values),
+                                dist.get_world_size(self.process_group), quantized=quantized))
 
     def load_state_dict(self, state: dict) -> None:
         """Masks and schedule position; validated before anything changes. Local: load it on every rank."""
-        step, masks = saved_step_and_masks(self.fit_masks, state, "a PacTrainHookState state dict")
-        check_saved_settings(state.get("settings", {"sparsity": state["sparsity"]} if "sparsity" in state else None),
-                             checkpoint_settings(self.config, self.packed_values), step, self.config)
-        quantized = state.get("quantized", state.get("ternary"))  # "ternary": its earlier name
-        if quantized is not None and not (isinstance(quantized, dict) and {"rank", "residuals"} <= set(quantized)):
-            raise CheckpointError("the 'quantized' entry needs 'rank' and 'residuals'")
+        saved = read_entry(state, "a PacTrainHookState state dict")
+        masks = fitted_masks(self.fit_masks, saved.masks)
+        check_saved_settings(saved.settings, checkpoint_settings(self.config, self.packed_values), saved.step,
+                             self.config)
+        check_saved_world_size(saved.world_size, dist.get_world_size(self.process_group))
         residuals = None
-        if self.lanes is not None and quantized is not None and saved_by_this_rank(quantized["rank"], lambda: self._rank,
-                                                                               holds_state=step > 0):
+        if self.lanes is not None and saved.quantized is not None and saved_by_this_rank(
+                saved.quantized["rank"], lambda: self._rank, holds_state=saved.step > 0):
             kept = {name: int(masks[name].sum()) if name in masks else p.numel() for name, p in self.parameters.items()}
-            residuals = self.memory.validate(quantized["residuals"], kept)
-        self.cycle.step = step
+            residuals = self.memory.validate(saved.quantized["residuals"], kept)
+        self.cycle.step = saved.step
         self._install(masks)
         if residuals is not None:
             self.memory.load_state_dict(residuals, {name: p.device for name, p in self.parameters.items()})

@@ -214,7 +214,7 @@ def test_checkpoint_carries_this_ranks_error_memory():
     entries[packed] = entries[packed][:-1]
     buffer = io.BytesIO()
     np.savez(buffer, **entries)
-    with pytest.raises(pt.CheckpointError, match="ternary residual of .* its packed values number"):
+    with pytest.raises(pt.CheckpointError, match="quantization residual of .* its packed values number"):
         state.deserialize(buffer.getvalue())
     entries = dict(entries, quantized_rank=np.int64(1 - hvd.rank()))  # another rank's memory: ignored
     fresh = pt.PacTrainState(packed_values="ternary", sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=1000)
@@ -227,7 +227,7 @@ def test_checkpoint_carries_this_ranks_error_memory():
     assert {name: scale.numpy() for name, scale in fresh.bound.quantized.scales.items()} == pytest.approx(scales, nan_ok=True)
     buffer = io.BytesIO()
     np.savez(buffer, **dict(entries, quantized_scales=-entries["quantized_scales"]))
-    with pytest.raises(pt.CheckpointError, match="ternary scales must be >= 0 and finite"):
+    with pytest.raises(pt.CheckpointError, match="quantization scales must be >= 0 and finite"):
         fresh.deserialize(buffer.getvalue())
     del entries["quantized_scales"], entries["scale_positions"]  # a checkpoint from before held scales: none held
     buffer = io.BytesIO()

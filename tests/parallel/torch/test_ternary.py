@@ -148,15 +148,15 @@ def test_ternary_memory_round_trips_and_a_misfit_residual_changes_nothing():
     first = sorted(residuals)[0]
     broken = {**saved, "pactrain": {**saved["pactrain"], "quantized": {
         **saved["pactrain"]["quantized"], "residuals": {**residuals, first: residuals[first][:-1]}}}}
-    with pytest.raises(pt.CheckpointError, match=rf"ternary residual of '{first}' has \d+ values, its mask keeps"):
+    with pytest.raises(pt.CheckpointError, match=rf"quantization residual of '{first}' has \d+ values, its mask keeps"):
         twin.load_state_dict(broken)
     assert twin.step_count == 0 and twin.masks() == {}
     twin.load_state_dict(saved)
     assert twin.step_count == 3
     for name, residual in residuals.items():
         assert torch.equal(twin.pactrain_state.quantized.memory.residuals[name], residual), name
-    earlier = {**saved, "pactrain": {("ternary" if key == "quantized" else "ternary_scales" if key == "quantized_scales"
-                                      else key): value for key, value in saved["pactrain"].items()}}
+    earlier = {**saved, "pactrain": {("ternary" if key == "quantized" else key): value
+                                     for key, value in saved["pactrain"].items()}}
     model_d = make_model()
     older = pt.DistributedOptimizer(sgd(model_d), named_parameters=named(model_d, "mem"), packed_values="ternary",
                                     sparsity=0.5, ranking="layer", begin_step=0, end_step=0, pack_min_numel=0)
@@ -213,7 +213,8 @@ def test_scales_loaded_on_one_rank_reach_every_rank_and_the_codes_leave_from_the
         loss_of(model, step).backward()
         opt.step()
     saved = {"model": copy.deepcopy(model.state_dict()), "optimizer": opt.state_dict()}
-    scales = saved["optimizer"]["pactrain"]["quantized_scales"]
+    held = saved["optimizer"]["pactrain"]["scales"]
+    scales = torch.tensor([held.get(name, float("nan")) for name in opt._parameters])
     ternary = [name for name, p in opt._parameters.items() if opt.pactrain_state._compressors[p].lanes is not None]
     assert len(ternary) >= 2 and not scales.isnan().all()
     assert_same_on_all_ranks({"scales": scales.nan_to_num(-1)}, "held scales")  # NaN: no scale held
