@@ -41,6 +41,7 @@ class PruningCycle:
         self.tracking = tracking
         self.checks_masks = tracking and communicating
         self.verify_pending = communicating
+        self.check_owed = False  # a periodic check fell due between local steps' syncs; it runs at the next one
         self.pruned_at: int | None = None  # the step whose masks were ranked before its first communication
 
     @property
@@ -101,10 +102,13 @@ class PruningCycle:
         self.verify_pending = self.checks_masks
 
     def advance(self) -> None:
-        """The step was taken: the schedule moves on; a periodic check falls due before the next communication."""
+        """The step was taken: the schedule moves on; a periodic check falls due before the next communication.
+        With local steps it waits for the next interval's first step, right after the sync: a check between
+        syncs would be a collective the interval otherwise does without (a round trip on a slow link)."""
         self.step += 1
-        if self.checks_masks and self.config.verifies_at(self.step):
-            self.verify_pending = True
+        self.check_owed |= self.checks_masks and self.config.verifies_at(self.step)
+        if self.check_owed and (not self.local or self.interval_begins()):
+            self.verify_pending, self.check_owed = True, False
 
     # -- a state that maintains only at the steps it chose ahead (TF's traced step) --------------------
     def maintenance(self, step: int) -> str | None:

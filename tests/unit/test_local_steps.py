@@ -63,3 +63,22 @@ def test_the_outer_step_is_torchs_nesterov_sgd_and_plain_averaging_at_lr_1_momen
     mean_of_ranks = torch.stack([torch.ones(3), 3 * torch.ones(3)]).mean(0)  # local weights 1 and 3, anchor 0
     averaged, _ = outer_update(np.zeros(3), np.zeros(3), -mean_of_ranks.numpy(), 1.0, 0.0)
     assert np.array_equal(averaged, 2 * np.ones(3))
+
+
+def test_a_periodic_check_between_syncs_waits_for_the_next_intervals_first_step():
+    """A check is a collective: between syncs it would be the interval's only communication, so it runs right
+    after the next sync instead; every step syncs without local steps, so nothing waits there."""
+    def checks(**settings):
+        cycle = PruningCycle(PacTrainConfig.from_arguments(begin_step=0, end_step=0, verify_every=4, **settings),
+                             tracking=True)
+        cycle.take_verification()  # the first step's
+        taken = []
+        for _ in range(13):
+            cycle.advance()
+            if cycle.take_verification() is not None:
+                taken.append(cycle.step)
+        return taken
+
+    assert checks() == [4, 8, 12]
+    assert checks(sync_every=3) == [6, 9, 12]  # due at 4, 8 and 12: the first steps of intervals from 4 on
+    assert checks(sync_every=2) == [4, 8, 12]  # already interval starts
