@@ -89,16 +89,11 @@ def parse_method(name: str) -> MethodSpec:
         if spec.kind not in ("dense", "fp16", "pactrain") or spec.frontend != "horovod" or spec.sync_every > 1:
             raise ValueError(f"method {name!r}: TensorFlow runs dense, fp16 and pactrain methods")
         return replace(spec, name=name, frontend=frontend)
-    try:
-        parts = read_name(name)
-    except ValueError as error:
-        if not str(error).startswith("unknown method"):
-            raise
-        raise ValueError(f"{error}: use dense, fp16, topk[-DENSITY], dgc-DENSITY, randomk-DENSITY, powersgd[-rRANK], "
-                         "diloco-hH-fp16|fp32, pactrain-SPARSITY[-fp16|-bf16|-ternary|-int3][-wBEGIN-END|-rampSTEPS]"
-                         "[-localSTEPS][-rescale][-syncH], each also as ddp-NAME (ddp alone: dense; ddp-average-hH: "
-                         "PeriodicModelAverager); dense, fp16 and pactrain also as tf-NAME (tape loop) and keras-NAME "
-                         "(model.fit)") from None
+    parts = read_name(name, "dense, fp16, topk[-DENSITY], dgc-DENSITY, randomk-DENSITY, powersgd[-rRANK], "
+                            "diloco-hH-fp16|fp32, pactrain-SPARSITY[-fp16|-bf16|-ternary|-int3][-wBEGIN-END|-rampSTEPS]"
+                            "[-localSTEPS][-rescale][-syncH], each also as ddp-NAME (ddp alone: dense; ddp-average-hH: "
+                            "PeriodicModelAverager); dense, fp16 and pactrain also as tf-NAME (tape loop) and keras-NAME "
+                            "(model.fit)")
     fp16_values = parts.values == "fp16" or parts.kind == "fp16"  # packed values inherit Compression.fp16
     return MethodSpec(name, parts.kind, sparsity=parts.sparsity, fp16_values=fp16_values,
                       packed_values="inherit" if parts.values in ("fp32", "fp16") else parts.values,

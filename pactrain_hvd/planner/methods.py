@@ -55,6 +55,13 @@ class Method:
         density: Top-k's fraction of each tensor's elements sent, in (0, 1].
         rank: PowerSGD's rank.
         sync_every: local steps: one sync of the weights every this many steps (1: every step).
+        window: PacTrain's pruning window as fractions of the run (``-w0-0.3``); None: the default window.
+        ramp: PacTrain: a short ramp from step 0 over this many steps (``-ramp50``).
+        local_steps: PacTrain: steps every rank trains alike before the masks (``-local40``).
+        rescale_survivors: PacTrain: step 0's survivors take their tensor's norm (``-rescale``).
+
+    The last four are what a benchmark record's name says of the pruning schedule; the planner's own methods
+    leave them at their defaults (they change when masks arrive, not the steady state's bytes).
     """
 
     name: str
@@ -64,6 +71,10 @@ class Method:
     density: float = DEFAULT_TOPK_DENSITY
     rank: int = DEFAULT_POWERSGD_RANK
     sync_every: int = 1
+    window: tuple[float, float] | None = None
+    ramp: int | None = None
+    local_steps: int = 0
+    rescale_survivors: bool = False
 
     @property
     def packed_values(self) -> str:
@@ -101,49 +112,22 @@ class Method:
         return f"PacTrain {self.sparsity:g}, {self.values} values"
 
 
-@dataclass(frozen=True)
-class MethodName:
-    """Everything a method name says (``read_name``): the one grammar the planner and the repository's benchmark share.
-
-    Attributes:
-        kind: ``dense``, ``fp16``, ``topk``, ``dgc``, ``randomk``, ``powersgd``, ``pactrain`` or ``diloco``.
-        sparsity: PacTrain's fraction pruned, in [0, 1).
-        values: PacTrain's packed values or DiLoCo's outer values: ``fp32``, ``fp16``, ``bf16``, ``ternary``, ``int3``.
-        density: Top-k's, DGC's or Random-k's fraction of each tensor sent.
-        rank: PowerSGD's rank.
-        sync_every: local steps: one sync every this many steps (1: every step).
-        window: PacTrain's pruning window as fractions of the run (``-w0-0.3``); None: the default window.
-        ramp: PacTrain: a short ramp from step 0 over this many steps (``-ramp50``).
-        local_steps: PacTrain: steps every rank trains alike before the masks (``-local40``).
-        rescale_survivors: PacTrain: step 0's survivors take their tensor's norm (``-rescale``).
-    """
-
-    kind: str
-    sparsity: float = 0.0
-    values: str = "fp32"
-    density: float = DEFAULT_TOPK_DENSITY
-    rank: int = DEFAULT_POWERSGD_RANK
-    sync_every: int = 1
-    window: tuple[float, float] | None = None
-    ramp: int | None = None
-    local_steps: int = 0
-    rescale_survivors: bool = False
-
-
 _PACTRAIN = re.compile(rf"pactrain-(\d*\.?\d+)(?:-({'|'.join(VALUES)}))?(?:-w(\d*\.?\d+)-(\d*\.?\d+)|-ramp(\d+))?"
                        r"(?:-local(\d+))?(-rescale)?(?:-sync(\d+))?")
 
 
-def read_name(name: str) -> MethodName:
-    """Read a method name into its parts, its numbers checked: ``dense``, ``fp16``, ``topk[-DENSITY]``,
-    ``dgc-DENSITY``, ``randomk-DENSITY``, ``powersgd[-rRANK]``, ``diloco-hH-fp16|fp32`` and
-    ``pactrain-SPARSITY[-VALUES][-wBEGIN-END|-rampSTEPS][-localSTEPS][-rescale][-syncH]``.
+def read_name(name: str, grammar: str) -> Method:
+    """Read a method name into everything it says, its numbers checked: the one grammar the planner and the
+    repository's benchmark share (``dense``, ``fp16``, ``topk[-DENSITY]``, ``dgc-DENSITY``, ``randomk-DENSITY``,
+    ``powersgd[-rRANK]``, ``diloco-hH-fp16|fp32``,
+    ``pactrain-SPARSITY[-VALUES][-wBEGIN-END|-rampSTEPS][-localSTEPS][-rescale][-syncH]``).
 
     Args:
-        name: the method's name.
+        name: the method's name (kept as ``Method.name``).
+        grammar: the forms the caller takes, for the message when the name is unknown.
 
     Returns:
-        Its parts.
+        The method; DGC, Random-k and DiLoCo have their own kinds, ``dgc``, ``randomk`` and ``diloco``.
 
     Raises:
         TypeError: ``name`` is not a string.
@@ -152,7 +136,7 @@ def read_name(name: str) -> MethodName:
     if not isinstance(name, str):
         raise TypeError(f"a method name must be a string, got {type(name).__name__}")
     if name in ("dense", "fp16"):
-        return MethodName(name)
+        return Method(name, name)
     if match := re.fullmatch(r"(topk|dgc|randomk)(?:-(\d*\.?\d+))?", name):
         kind, density = match.group(1), float(match.group(2) or DEFAULT_TOPK_DENSITY)
         if kind != "topk" and not match.group(2):
@@ -160,14 +144,14 @@ def read_name(name: str) -> MethodName:
         whole = kind == "topk"
         if not (0 < density <= 1 if whole else 0 < density < 1):
             raise ValueError(f"method {name!r}: the density must be in (0, {'1]' if whole else '1)'}")
-        return MethodName(kind, density=density)
+        return Method(name, kind, density=density)
     if match := re.fullmatch(r"powersgd(?:-r(\d+))?", name):
         rank = int(match.group(1) or DEFAULT_POWERSGD_RANK)
         if rank < 1:
             raise ValueError(f"method {name!r}: PowerSGD rank must be >= 1")
-        return MethodName("powersgd", rank=rank)
+        return Method(name, "powersgd", rank=rank)
     if match := re.fullmatch(r"diloco-h(\d+)-(fp16|fp32)", name):
-        return MethodName("diloco", values=match.group(2), sync_every=sync_interval(name, match.group(1)))
+        return Method(name, "diloco", values=match.group(2), sync_every=sync_interval(name, match.group(1)))
     if match := _PACTRAIN.fullmatch(name):
         sparsity = float(match.group(1))
         if not 0 <= sparsity < 1:
@@ -175,11 +159,11 @@ def read_name(name: str) -> MethodName:
         window = (float(match.group(3)), float(match.group(4))) if match.group(3) else None
         if window is not None and not 0 <= window[0] <= window[1] <= 1:
             raise ValueError(f"method {name!r}: the pruning window must be 0 <= begin <= end <= 1")
-        return MethodName("pactrain", sparsity=sparsity, values=match.group(2) or "fp32", window=window,
+        return Method(name, "pactrain", sparsity=sparsity, values=match.group(2) or "fp32", window=window,
                           ramp=int(match.group(5)) if match.group(5) else None, local_steps=int(match.group(6) or 0),
                           rescale_survivors=bool(match.group(7)),
                           sync_every=sync_interval(name, match.group(8)) if match.group(8) else 1)
-    raise ValueError(f"unknown method {name!r}")
+    raise ValueError(f"unknown method {name!r}: use {grammar}")
 
 
 def parse_method(name: str) -> Method:
@@ -200,13 +184,8 @@ def parse_method(name: str) -> Method:
         ValueError: the name is unknown, names a method the planner has no traffic model for (``dgc``, ``randomk``),
             or its numbers are out of range; the message says which.
     """
-    try:
-        parts = read_name(name)
-    except ValueError as error:
-        if not str(error).startswith("unknown method"):
-            raise
-        raise ValueError(f"{error}: use dense, fp16, topk[-DENSITY], powersgd[-rRANK], "
-                         f"pactrain-SPARSITY[-{'|-'.join(VALUES[1:])}][-syncH] or diloco-hH-fp16|fp32") from None
+    parts = read_name(name, f"dense, fp16, topk[-DENSITY], powersgd[-rRANK], pactrain-SPARSITY[-{'|-'.join(VALUES[1:])}]"
+                            "[-syncH] or diloco-hH-fp16|fp32")
     sync = f"-sync{parts.sync_every}" if parts.sync_every > 1 else ""
     if parts.kind in ("dgc", "randomk"):
         raise ValueError(f"method {name!r}: the planner has no traffic model for {parts.kind}; it compares dense, fp16, "
@@ -216,7 +195,7 @@ def parse_method(name: str) -> Method:
     if parts.kind == "pactrain":
         canonical = f"pactrain-{name.split('-')[1]}" + (f"-{parts.values}" if parts.values != "fp32" else "") + sync
         return Method(canonical, "pactrain", sparsity=parts.sparsity, values=parts.values, sync_every=parts.sync_every)
-    return Method(name, parts.kind, density=parts.density, rank=parts.rank)
+    return parts
 
 
 def sync_interval(name: str, digits: str) -> int:
