@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from pactrain_hvd.core.checkpoint import SavedState
 from pactrain_hvd.core.config import PacTrainConfig
 from pactrain_hvd.core.errors import (
     ChangedSettingsWarning,
@@ -116,3 +117,11 @@ def check_saved_settings(saved: Any, current: dict[str, Any], step: int, config:
     warnings.warn(f"resuming a checkpoint saved with other PacTrain settings ({listed}): its masks and step {step} "
                   f"carry over and this optimizer's settings apply from here; {what}", ChangedSettingsWarning,
                   stacklevel=3)
+
+
+def check_resumable(saved: SavedState, config: PacTrainConfig, packed_values: str, world_size: int | None) -> None:
+    """A read checkpoint entry against this run, before anything changes: its settings (``check_saved_settings``)
+    and, where this run's world size is known (``world_size``; None while Horovod is down), its world size."""
+    check_saved_settings(saved.settings, checkpoint_settings(config, packed_values), saved.step, config)
+    if world_size is not None:
+        check_saved_world_size(saved.world_size, world_size)

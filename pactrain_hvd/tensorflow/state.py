@@ -38,13 +38,12 @@ from pactrain_hvd.core import (
     CheckpointError,
     StepStats,
     TensorStats,
-    check_saved_world_size,
     saved_by_this_rank,
 )
 from pactrain_hvd.core.checkpoint import SavedState, from_npz, to_npz
 from pactrain_hvd.core.keywords import LOCAL_STEP_KEYWORDS, documents_keywords, pactrain_keywords
 from pactrain_hvd.core.lanes import quantized_layout
-from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
+from pactrain_hvd.core.resume import check_resumable, checkpoint_settings
 from pactrain_hvd.tensorflow import checkpoint
 from pactrain_hvd.tensorflow.arguments import checked_arguments
 from pactrain_hvd.tensorflow.binding import Binding
@@ -246,9 +245,7 @@ class PacTrainState(tf.train.experimental.PythonState):
     def deserialize(self, string_value: bytes) -> None:
         """Restore schedule position and masks; local, validated before anything changes."""
         saved = from_npz(string_value)
-        check_saved_settings(saved.settings, checkpoint_settings(self.config, self.reduction.packed_values),
-                             saved.step, self.config)
-        check_saved_world_size(saved.world_size, self.reduction.group_size())
+        check_resumable(saved, self.config, self.reduction.packed_values, self.reduction.group_size())
         if not self.bound.names:
             self.binding.pending_restore = bytes(string_value)  # applied when the state binds to its variables
             self.maintenance.set_step(saved.step)

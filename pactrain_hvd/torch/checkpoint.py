@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from pactrain_hvd.core import CheckpointError, check_saved_world_size, saved_by_this_rank, while_running
+from pactrain_hvd.core import CheckpointError, saved_by_this_rank, while_running
 from pactrain_hvd.core.checkpoint import SavedState, checked_scales, entry, read_entry
 from pactrain_hvd.core.digest import ndarray_bytes, with_digest, without_digest
-from pactrain_hvd.core.resume import check_saved_settings, checkpoint_settings
+from pactrain_hvd.core.resume import check_resumable, checkpoint_settings
 from pactrain_hvd.torch.state import PacTrainState
 
 _MASK_KEY, _STEP_KEY, _SCALES_KEY = "pactrain.mask", "pactrain.step", "pactrain.scales"
@@ -77,10 +77,7 @@ def validated(state: PacTrainState, pactrain: Any) -> SavedState:
     host masks); ``CheckpointError`` if it does not fit."""
     saved = read_entry(pactrain, "the 'pactrain' entry of the optimizer state dict", scale_names=list(state.parameters))
     saved.masks = fitted_masks(state.fit_masks, saved.masks)
-    check_saved_settings(saved.settings, checkpoint_settings(state.config, state.packed_values), saved.step, state.config)
-    current = while_running(state.process_set.size)
-    if current is not None:
-        check_saved_world_size(saved.world_size, current)
+    check_resumable(saved, state.config, state.packed_values, while_running(state.process_set.size))
     saved.outer = saved.outer if state.outer is not None else None
     if saved.outer is not None:
         state.outer.validate(saved.outer)

@@ -21,12 +21,7 @@ from pactrain_hvd.core.encodings import ENCODINGS
 from pactrain_hvd.core.keywords import LOCAL_STEP_KEYWORDS, documents_keywords, pactrain_keywords
 from pactrain_hvd.core.lanes import LaneLayout, quantized_layout
 from pactrain_hvd.core.lifecycle import StepLifecycle
-from pactrain_hvd.core.resume import (
-    check_saved_settings,
-    check_saved_world_size,
-    checkpoint_settings,
-    saved_by_this_rank,
-)
+from pactrain_hvd.core.resume import check_resumable, checkpoint_settings, saved_by_this_rank
 from pactrain_hvd.core.settings import pactrain_settings
 from pactrain_hvd.torch.checkpoint import fitted_masks
 from pactrain_hvd.torch.ddp.buckets import BucketPlan, BucketPlans
@@ -162,9 +157,7 @@ class PacTrainHookState(PruningReadout, SharedMaskOperations):
         """Masks and schedule position; validated before anything changes. Local: load it on every rank."""
         saved = read_entry(state, "a PacTrainHookState state dict")
         masks = fitted_masks(self.fit_masks, saved.masks)
-        check_saved_settings(saved.settings, checkpoint_settings(self.config, self.packed_values), saved.step,
-                             self.config)
-        check_saved_world_size(saved.world_size, dist.get_world_size(self.process_group))
+        check_resumable(saved, self.config, self.packed_values, dist.get_world_size(self.process_group))
         residuals = None
         if self.lanes is not None and saved.quantized is not None and saved_by_this_rank(
                 saved.quantized["rank"], lambda: self._rank, holds_state=saved.step > 0):
