@@ -82,6 +82,10 @@ def test_a_ddp_hook_state_of_the_committed_format_loads():
         residuals = state.memory.state_dict()
         for name, residual in saved["hook"]["quantized"]["residuals"].items():
             assert torch.equal(residuals[name], residual)
+        now = state.state_dict()  # today's entry: the one format, with the world size it was written on
+        assert now["world_size"] == 1 and now["step"] == 3 and set(now["masks"]) == set(PRUNED)
+        with pytest.warns(WorldSizeChangedWarning, match="saved with world size 2, loading it with 1"):
+            state.load_state_dict({**now, "world_size": 2})
     finally:
         dist.destroy_process_group()
 
