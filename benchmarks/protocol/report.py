@@ -19,7 +19,17 @@ def seconds(value: float | None) -> str:
 def ratio_text(value: float | None) -> str:
     if value is None:
         return "neither reaches it"
+    if value == 0.0:
+        return "0 (PacTrain never)"
     return "∞ (peer never)" if value == NEVER else f"{value:.2f}x"
+
+
+def speed_caveat(result: dict, ratio: float | None, words: str) -> str:
+    """``words`` with the machine's spread where it could have decided the ratio: both reach the target and the
+    cell's runs were made on machines of different speed."""
+    machine = result.get("machine") or {}
+    decided_by_clocks = ratio is not None and 0.0 < ratio < NEVER
+    return words.format(machine["spread"]) if machine.get("varied") and decided_by_clocks else ""
 
 
 def selection_markdown(protocol: Protocol, chosen: dict) -> list[str]:
@@ -73,10 +83,9 @@ def cell_markdown(protocol: Protocol, result: dict) -> list[str]:
 
 def verdict_rows(protocol: Protocol, result: dict) -> list[str]:
     rows = []
-    machine = result.get("machine") or {}
-    caveat = f" (machine speed varied {machine['spread']:.2f}x)" if machine.get("varied") else ""
     for family, verdict in result.get("verdicts", {}).items():
         train, wall = verdict["train"], verdict["wall"]
+        caveat = speed_caveat(result, train["ratio"], " (machine speed varied {:.2f}x)")
         rows.append(f"| `{result['cell']}` | {result['regime'].split(' (')[0]} | {family} | {train['best_peer']} | "
                     f"{ratio_text(train['ratio'])} | {train['sooner_seeds']} of {len(train['seeds'])} | "
                     f"**{train['outcome']}**{caveat} | {wall['outcome']} ({ratio_text(wall['ratio'])}) | "
@@ -132,10 +141,9 @@ def readme_table(protocol: Protocol, computed: dict) -> str:
         if result.get("pending") or not result.get("verdicts"):
             lines.append(f"| {words} | pending | | |")
             continue
-        varied = (result.get("machine") or {}).get("varied")
         for family, verdict in result["verdicts"].items():
             train = verdict["train"]
-            caveat = f"; machine speed varied {result['machine']['spread']:.2f}x" if varied else ""
+            caveat = speed_caveat(result, train["ratio"], "; machine speed varied {:.2f}x")
             lines.append(f"| {words} | **{train['outcome']}** ({family}{caveat}) | {ratio_text(train['ratio'])} against "
                          f"{train['best_peer']} | {train['sooner_seeds']} of {len(train['seeds'])} |")
     return "\n".join([README_START, *lines, README_END])

@@ -269,3 +269,12 @@ def test_a_cell_whose_runs_were_made_on_machines_of_different_speed_says_so_besi
     assert "**win** (machine speed varied 1.60x)" in markdown
     assert "0.250 to 0.400 s a step (1.60x). The runs were made on machines of different speed" in markdown
     assert "machine speed varied 1.60x" in report.readme_table(small, verdicts(small, record))
+
+
+def test_a_verdict_decided_by_accuracy_carries_no_speed_caveat_and_says_who_never_reached(small, tmp_path):
+    record = record_for(small, {"pactrain": {1: None, 2: None, 3: None}, "topk": {1: 50, 2: 50, 3: 50},
+                                "fp16": {1: 100, 2: 100, 3: 100}})
+    next(r for r in record["runs"] if r["stage"] == "final" and r["cell"] == "slow")["bound"] = {"step_s": 0.4}
+    markdown = report.write(small, record, tmp_path)
+    assert "| 0 (PacTrain never) | 0 of 3 | **loss** |" in markdown  # machines of different speed cannot flip it
+    assert "0.250 to 0.400 s a step (1.60x)" in markdown
