@@ -23,7 +23,7 @@ def deterministic(enabled: bool):
 def trained(packed_values: str, enabled: bool, steps: int = 4) -> dict:
     model = make_model()
     opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                                  named_parameters=[(f"det.{packed_values}.{enabled}.{n}", p)
+                                  named_parameters=[(f"det.{packed_values}.{n}", p)
                                                     for n, p in model.named_parameters()],
                                   sparsity=0.9, ranking="layer", begin_step=0, end_step=0, pack_min_numel=1000,
                                   packed_values=packed_values)
