@@ -172,6 +172,12 @@ def write(protocol: Protocol, record: dict, out: Path) -> str:
     for name in protocol.cells:
         result = computed["cells"].get(name, {"cell": name, "regime": "pending"})
         lines += verdict_rows(protocol, result)
+    across = computed["curves_across_cells"]
+    if across["pairs"]:
+        lines += ["", f"Of the {across['pairs']} method-seed pairs run to the end in two or more cells, {across['same']} "
+                  "reached the same metric at every evaluation in each (the arithmetic does not depend on the link): "
+                  "whether a method reaches the target on a seed is known from the first cell it ran in; a link "
+                  "decides how soon."]
     lines += [""] + selection_markdown(protocol, computed["selection"])
     for name, result in computed["cells"].items():
         lines += [""] + cell_markdown(protocol, result)

@@ -203,10 +203,23 @@ def cell_verdict(protocol: Protocol, record: dict, cell: str, chosen: dict[str, 
     return result
 
 
+def curves_across_cells(record: dict) -> dict[str, int]:
+    """Final method-seed pairs run to their last step in two or more cells on a link, and how many of them
+    reached the same metric at every evaluation in each: the arithmetic is deterministic, so a link decides
+    when a run reaches the target, not whether."""
+    curves: dict[tuple, list] = {}
+    for run in record["runs"]:
+        if run["stage"] == "final" and not run["cell"].startswith("loopback/") and run.get("steps") == run.get("planned_steps"):
+            curves.setdefault((run.get("workload"), run["method"], run["seed"]), []).append([p[1:3] for p in run["curve"]])
+    shared = [runs for runs in curves.values() if len(runs) > 1]
+    return {"pairs": len(shared), "same": sum(all(curve == runs[0] for curve in runs[1:]) for runs in shared)}
+
+
 def verdicts(protocol: Protocol, record: dict) -> dict:
     """Everything the report says, from the record alone."""
     chosen = selection(protocol, record)
     picks = {name: row["chosen"] for name, row in chosen["families"].items() if row["chosen"]}
     unselected = [name for name, row in chosen["families"].items() if not row["chosen"]]
     cells = {name: cell_verdict(protocol, record, name, picks, unselected) for name in protocol.cells} if picks else {}
-    return {"protocol": protocol.name, "digest": protocol.digest, "selection": chosen, "cells": cells}
+    return {"protocol": protocol.name, "digest": protocol.digest, "selection": chosen, "cells": cells,
+            "curves_across_cells": curves_across_cells(record)}

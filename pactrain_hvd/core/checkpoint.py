@@ -9,7 +9,7 @@ The entry is a plain dict; its arrays are the frontend's tensors, or numpy array
      "positions": {name: int},                  TensorFlow: each named tensor's position in binding order
      "scales": {name: float},                   held quantization scales (the same on every rank)
      "quantized": {"rank": int, "residuals": {name: float32 array}},   this rank's error memory
-     "outer": {...}}                            local steps: anchor and outer momentum (torch)
+     "outer": {"anchor": {name: array}, "momentum": {name: array}}}   local steps
 
 torch's ``DistributedOptimizer`` keeps it under ``"pactrain"`` of its state dict, the DDP hook's
 ``state_dict()`` is it, and TensorFlow's ``PacTrainState`` stores it as a NumPy ``.npz`` archive
@@ -116,6 +116,12 @@ def to_npz(saved: SavedState) -> bytes:
                       scale_positions=np.array([saved.positions[name] for name in held], dtype=np.int64),
                       quantized_scales=np.array([saved.scales[name] for name in held], np.float32),
                       **{f"residual_{i}": saved.quantized["residuals"][name] for i, name in enumerate(names)})
+    if saved.outer is not None:
+        held = sorted(saved.outer["anchor"], key=lambda name: saved.positions[name])
+        arrays.update(outer_names=np.array(held, dtype=np.str_),
+                      outer_positions=np.array([saved.positions[name] for name in held], dtype=np.int64),
+                      **{f"anchor_{i}": saved.outer["anchor"][name] for i, name in enumerate(held)},
+                      **{f"outer_momentum_{i}": saved.outer["momentum"][name] for i, name in enumerate(held)})
     buffer = io.BytesIO()
     np.savez(buffer, **with_digest({key: np.asarray(value) for key, value in arrays.items()}, ndarray_bytes))
     return buffer.getvalue()
@@ -148,9 +154,15 @@ def from_npz(blob: bytes) -> SavedState:
             positions.update(zip(held_names, held))
             scales = {name: float(v) for name, v in zip(held_names, arrays.get("quantized_scales", ()))
                       if not np.isnan(v)}  # earlier archives: NaN where none was held
+        outer = None
+        if "outer_names" in arrays:
+            held_names = [str(name) for name in arrays["outer_names"]]
+            positions.update(zip(held_names, (int(position) for position in arrays["outer_positions"])))
+            outer = {"anchor": {name: arrays[f"anchor_{i}"] for i, name in enumerate(held_names)},
+                     "momentum": {name: arrays[f"outer_momentum_{i}"] for i, name in enumerate(held_names)}}
         settings = json.loads(str(arrays["settings"])) if "settings" in arrays else None
         world_size = int(arrays["world_size"]) if "world_size" in arrays else None
         return SavedState(int(arrays["step"]), {name: arrays[f"mask_{i}"] for i, name in enumerate(names)}, settings,
-                          world_size, positions, scales, quantized)
+                          world_size, positions, scales, quantized, outer)
     except (OSError, KeyError, ValueError, EOFError) as error:
         raise CheckpointError(f"not a PacTrain state: {error}") from error

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from pactrain_hvd.core.config import PacTrainConfig
-from pactrain_hvd.core.local_steps import ranks_at
+from pactrain_hvd.core.local_steps import at_sync, checks_at, ranks_at
 
 NEVER = int(np.iinfo(np.int64).max)  # ``next_maintenance``: no schedule update or periodic check is left
 DUE_NOW = -1  # ``PruningCycle.next_due``: a requested check is due at the next step, whatever its number
@@ -41,7 +41,6 @@ class PruningCycle:
         self.tracking = tracking
         self.checks_masks = tracking and communicating
         self.verify_pending = communicating
-        self.check_owed = False  # a periodic check fell due between local steps' syncs; it runs at the next one
         self.pruned_at: int | None = None  # the step whose masks were ranked before its first communication
 
     @property
@@ -102,13 +101,11 @@ class PruningCycle:
         self.verify_pending = self.checks_masks
 
     def advance(self) -> None:
-        """The step was taken: the schedule moves on; a periodic check falls due before the next communication.
-        With local steps it waits for the next interval's first step, right after the sync: a check between
-        syncs would be a collective the interval otherwise does without (a round trip on a slow link)."""
+        """The step was taken: the schedule moves on; a periodic check falls due before the next communication
+        (with local steps: at the next interval's first step, ``core.local_steps.checks_at``)."""
         self.step += 1
-        self.check_owed |= self.checks_masks and self.config.verifies_at(self.step)
-        if self.check_owed and (not self.local or self.interval_begins()):
-            self.verify_pending, self.check_owed = True, False
+        self.verify_pending |= self.checks_masks and checks_at(self.config.verify_every, self.step,
+                                                              self.config.sync_every)
 
     # -- a state that maintains only at the steps it chose ahead (TF's traced step) --------------------
     def maintenance(self, step: int) -> str | None:
@@ -141,15 +138,19 @@ RANK, VERIFY = "rank", "verify"
 def maintenance_at(config: PacTrainConfig, step: int, requested: bool) -> str | None:
     """For a state that maintains only at the steps it chose ahead (TF's traced step): at ``step``, ``RANK`` where
     the schedule ranks new masks (proven equal as they are installed), else ``VERIFY`` where a Mask Tracker check
-    is due (``requested``: asked for by a call every rank made, or the state's first step), else None."""
-    if config.schedule.is_update_step(step):
+    is due (``requested``: asked for by a call every rank made, or the state's first step), else None. With local
+    steps both wait for an interval's first step (``core.local_steps``)."""
+    if ranks_at(config.schedule, step, config.sync_every):
         return RANK
-    if requested or config.verifies_at(step):
+    if requested or checks_at(config.verify_every, step, config.sync_every):
         return VERIFY
     return None
 
 
 def next_maintenance(config: PacTrainConfig, step: int) -> int:
-    """The first step after ``step`` with a schedule update or a periodic check (``NEVER``: none left)."""
-    following = config.next_maintenance_after(step)
+    """The first step after ``step`` with a schedule update or a periodic check (``NEVER``: none left); with local
+    steps, the interval start where the first one due after the current interval's start is done."""
+    every = config.sync_every
+    following = (config.next_maintenance_after(step) if every == 1
+                 else at_sync(config.next_maintenance_after(step - step % every), every))
     return NEVER if following is None else following

@@ -73,7 +73,8 @@ KEYWORDS: dict[str, Any] = {name: keyword.default for name, keyword in DECLARED.
 CONFIG_KEYWORDS = ("sparsity", "begin_step", "end_step", "frequency", "total_steps", "schedule", "ranking",
                    "pack_min_numel", "pack_max_density", "verify_every", "resume_changed_settings", "rescale_survivors",
                    "sync_every", "outer_lr", "outer_momentum")
-# Local steps with an outer sync (``core.local_steps``): so far the torch DistributedOptimizer's alone.
+# Local steps with an outer sync (``core.local_steps``): left out where the façade does not make the update (a tape,
+# a DDP comm hook).
 LOCAL_STEP_KEYWORDS = ("sync_every", "outer_lr", "outer_momentum")
 PLACEHOLDER = re.compile(r"^( *)\{pactrain_keywords\}$", re.MULTILINE)
 

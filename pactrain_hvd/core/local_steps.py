@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
+import numpy as np
+
+from pactrain_hvd.core.errors import CheckpointError
 from pactrain_hvd.core.schedule import Schedule
 
 T = TypeVar("T")
@@ -49,8 +53,39 @@ def ranks_at(schedule: Schedule, step: int, sync_every: int) -> bool:
     return last is not None and last > step - sync_every
 
 
+def checks_at(verify_every: int, step: int, sync_every: int) -> bool:
+    """Whether a periodic Mask Tracker check runs at ``step``: every ``verify_every`` steps (0: never); with local
+    steps at the first step of an interval, if a check fell in the interval that ends there (a check between
+    syncs would be a collective the interval otherwise does without: a round trip on a slow link)."""
+    if not verify_every:
+        return False
+    if sync_every == 1:
+        return step % verify_every == 0
+    return step % sync_every == 0 and step // verify_every > (step - sync_every) // verify_every
+
+
+def at_sync(step: int | None, sync_every: int) -> int | None:
+    """Where something due at ``step`` is done: the first interval start at or after it (None stays None)."""
+    return None if step is None else -(-step // sync_every) * sync_every
+
+
 def outer_update(anchor: T, momentum: T, outer_gradient: T, lr: float, beta: float) -> tuple[T, T]:
     """The outer step (SGD with Nesterov momentum, as torch's ``SGD(nesterov=True)``) on any array type:
     the new anchor and momentum. ``beta`` 0 and ``lr`` 1 give plain model averaging."""
     momentum = momentum * beta + outer_gradient
     return anchor - (outer_gradient + momentum * beta) * lr, momentum
+
+
+def check_outer_entry(saved: Any, shapes: Mapping[str, tuple[int, ...]], kind: type | tuple[type, ...]) -> None:
+    """``CheckpointError`` unless a checkpoint's ``outer`` entry holds an anchor and a momentum, each a ``kind``
+    of its tensor's shape, for exactly the tensors of ``shapes``."""
+    if not isinstance(saved, Mapping) or not {"anchor", "momentum"} <= set(saved):
+        raise CheckpointError("a checkpoint's 'outer' entry needs 'anchor' and 'momentum'")
+    for part in ("anchor", "momentum"):
+        tensors = saved[part]
+        if not isinstance(tensors, Mapping) or set(tensors) != set(shapes):
+            raise CheckpointError(f"checkpoint 'outer' {part} must hold the tensors {sorted(shapes)}, "
+                                  f"got {sorted(tensors) if isinstance(tensors, Mapping) else tensors!r}")
+        for name, shape in shapes.items():
+            if not isinstance(tensors[name], kind) or tuple(np.shape(tensors[name])) != tuple(shape):
+                raise CheckpointError(f"checkpoint 'outer' {part} of {name!r} must be a tensor of shape {tuple(shape)}")

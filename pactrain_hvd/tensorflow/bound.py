@@ -11,6 +11,7 @@ from typing import Any
 import tensorflow as tf
 
 from pactrain_hvd.tensorflow.compression import PacTrainCompressor
+from pactrain_hvd.tensorflow.outer import OuterSync
 from pactrain_hvd.tensorflow.pruning import Pruner, backing_variable
 from pactrain_hvd.tensorflow.quantized import QuantizedReduction
 
@@ -21,6 +22,7 @@ class BoundTensors:
     Attributes:
         pruner: masks and ranking (``pruning.Pruner``), its variables by name.
         quantized: the quantized reduction of packed values (ternary, int3), or None.
+        outer: with local steps, each variable's anchor and outer momentum; else None.
         names: bound variable names, in binding order (a variable's position indexes this list).
         positions: ``variable.ref()`` -> position.
         compressors: a prunable variable's ``PacTrainCompressor`` (mask, surviving indices, plan), by name.
@@ -30,9 +32,10 @@ class BoundTensors:
         survivor_scales: by position, the factor the next zeroing applies to survivors, a variable.
     """
 
-    def __init__(self, pruner: Pruner, quantized: QuantizedReduction | None) -> None:
+    def __init__(self, pruner: Pruner, quantized: QuantizedReduction | None, outer: OuterSync | None = None) -> None:
         self.pruner = pruner
         self.quantized = quantized
+        self.outer = outer
         self.names: list[str] = []
         self.positions: dict[Any, int] = {}
         self.compressors: dict[str, PacTrainCompressor] = {}
@@ -49,6 +52,8 @@ class BoundTensors:
         self.positions[variable.ref()] = len(self.names)
         self.names.append(name)
         self.pruner.variables[name] = variable
+        if self.outer is not None:
+            self.outer.track(name, variable)
         if compressor is not None:
             self.pruner.prunable_names.append(name)
             self.compressors[name] = compressor

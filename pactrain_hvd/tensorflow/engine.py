@@ -5,7 +5,8 @@ decompress; sparse gradients allgathered), except that a pruned tensor's codec i
 ``PacTrainCompressor``, which reads its mask and plan from variables. With ``packed_values`` fp16 or
 ternary, a pruned tensor's packed values travel another way than its dense ones, so it takes a
 ``tf.cond`` on its plan. Before the all-reduces of a step: binding of new variables, a pending
-broadcast, and the maintenance due at the step (``Maintenance``).
+broadcast, and the maintenance due at the step (``Maintenance``). With local steps (``sync_every``) a step's
+gradients stay on their rank, and ``sync_if_due`` reduces the interval's progress after the update instead.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pactrain_hvd.tensorflow.binding import Binding
 from pactrain_hvd.tensorflow.bound import BoundTensors
 from pactrain_hvd.tensorflow.compression import PACKED, PacTrainCompressor
 from pactrain_hvd.tensorflow.maintenance import Maintenance
-from pactrain_hvd.tensorflow.pruning import backing_variable, build_optimizer, communicates
+from pactrain_hvd.tensorflow.pruning import backing_variable, build_optimizer, communicates, run_if
 
 _Reduced = tuple[tf.Tensor, tf.Tensor]  # a reduced gradient and the bytes its tensor put on the wire
 
@@ -73,7 +74,9 @@ class HorovodEngine:
         self.arguments = arguments
         self.broadcast_request: Any = None  # a pending broadcast (functions.broadcast_variables_at_next_reduction)
         self.traces = 0  # times the reduction was traced into a graph; mask changes add none
-        self._communicate_eagerly = tf.function(self._communicate)
+        # Not converted by AutoGraph: the branches are tf.cond already, as in a traced step (``reduce`` is not).
+        self._communicate_eagerly = tf.function(self._communicate, autograph=False)
+        self._sync_eagerly = tf.function(self._sync, autograph=False)
 
     @tf.autograph.experimental.do_not_convert
     def reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
@@ -143,26 +146,45 @@ class HorovodEngine:
             dependencies = []
             if maintain:
                 step = maintenance.step.read_value()
-                changed = tf.cond(maintenance.due(step),
-                                  lambda: tf.ensure_shape(tf.py_function(maintenance.maintain_in_graph, [step], tf.bool), []),
-                                  lambda: tf.constant(False))
+                changed = run_if(maintenance.due(step), lambda: tf.ensure_shape(
+                    tf.py_function(maintenance.maintain_in_graph, [step], tf.bool), []))
                 # Zeroing is done by graph ops, not in the py_function: TF's automatic control
                 # dependencies order them after this step's reads of the weights and before the
                 # optimizer's update of weights and slots, which a py_function's writes are not.
                 with tf.control_dependencies([changed]):
-                    dependencies.append(tf.cond(changed, maintenance.zero_pruned, lambda: tf.constant(False)))
+                    dependencies.append(run_if(changed, maintenance.zero_pruned))
             with tf.control_dependencies(dependencies):
-                reduced, sent = self._allreduce(grads, positions)
-                record = self.bound.sent_bytes.assign(tf.stack(sent))
-            with tf.control_dependencies([record]):
+                reduced, recorded = self._allreduce(grads, positions, local=maintenance.cycle.local)
+                done = [recorded]
+                if maintenance.cycle.local:  # after the maintenance's zeroing, before the update
+                    done.append(run_if(maintenance.interval_begins(), self.bound.outer.take_anchor))
+            with tf.control_dependencies(done):
                 maintenance.step.assign_add(1)
         return reduced
 
-    def _allreduce(self, grads: list[Any], positions: tuple[int, ...]) -> tuple[list[Any], list[tf.Tensor]]:
-        """Compress, reduce (grouped as Horovod would), decompress; also the bytes each tensor put on the wire."""
+    # -- local steps (``core.local_steps``) ---------------------------------------------------------
+    def sync_if_due(self) -> None:
+        """After the update, where an interval ended: the outer sync through each tensor's codec. Graph-safe."""
+        if not tf.executing_eagerly():
+            run_if(self.maintenance.interval_begins(), self._sync)
+        elif self.maintenance.interval_begins():
+            self._sync_eagerly()
+
+    def _sync(self) -> tf.Tensor:
+        outer = self.bound.outer
+        positions = tuple(self.bound.positions[variable.ref()] for variable in outer.variables.values())
+        reduced, recorded = self._allreduce(outer.outer_gradients(), positions)
+        with tf.control_dependencies([recorded]):
+            outer.step(reduced)
+        return tf.constant(True)
+
+    def _allreduce(self, grads: list[Any], positions: tuple[int, ...],
+                   local: bool = False) -> tuple[list[Any], tf.Tensor]:
+        """Compress, reduce (grouped as Horovod would), decompress; also the op that records the bytes each tensor
+        put on the wire. ``local``: a local step's gradients, which stay on their rank."""
         sent: list[tf.Tensor] = [tf.constant(-1, tf.int64)] * len(self.bound.names)
         reduced: list[Any] = list(grads)
-        communicating = communicates(self.arguments.process_set)
+        communicating = communicates(self.arguments.process_set) and not local
         dense: list[tuple[int, tf.Tensor, Compressor]] = []
         for index, (grad, position) in enumerate(zip(grads, positions)):
             if grad is None:
@@ -199,7 +221,7 @@ class HorovodEngine:
                 results = self._reduce_by_plan([(positions[index], grad, c) for index, grad, c in by_plan])
                 for (index, _, _), (output, size) in zip(by_plan, results):
                     reduced[index], sent[positions[index]] = output, size
-        return reduced, sent
+        return reduced, self.bound.sent_bytes.assign(tf.stack(sent))
 
     def _reduce_by_plan(self, items: list[tuple[int, tf.Tensor, PacTrainCompressor]]) -> list[_Reduced]:
         """``packed_values`` fp16 or ternary: a pruned tensor's packed values travel another way than its dense

@@ -10,7 +10,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from pactrain_hvd.core.agreement import check_settings, settings_rows
-from pactrain_hvd.tensorflow.pruning import backing_variable, communicates, optimizer_variables
+from pactrain_hvd.tensorflow.pruning import backing_variable, communicates, optimizer_variables, run_if
 from pactrain_hvd.tensorflow.state import PacTrainState
 
 
@@ -101,7 +101,7 @@ class _BroadcastAtNextReduction:
             self.pending.assign(False)
             return tf.constant(True)
 
-        return tf.cond(self.pending.read_value(), broadcast, lambda: tf.constant(False))
+        return run_if(self.pending.read_value(), broadcast)
 
 
 def broadcast_variables_at_next_reduction(state: Any, root_rank: int = 0,

@@ -24,7 +24,7 @@ from pactrain_hvd.core.lifecycle import StepLifecycle
 from pactrain_hvd.tensorflow.bound import BoundTensors
 from pactrain_hvd.tensorflow.compression import UNMASKED
 from pactrain_hvd.tensorflow.own_masks import sync_tfmot_masks
-from pactrain_hvd.tensorflow.pruning import backing_variable, optimizer_slots
+from pactrain_hvd.tensorflow.pruning import backing_variable, optimizer_slots, run_if
 
 
 class Maintenance:
@@ -83,8 +83,9 @@ class Maintenance:
                                                 self.config.pack_max_density)
 
     def zero_pruned(self) -> tf.Tensor:
-        """Pruned weights and their optimizer slots (momentum, Adam moments) become 0, so nothing revives
-        them, and survivors take the factors ``survivor_scales`` holds (then 1 again); eagerly or as graph ops."""
+        """Pruned weights, their optimizer slots (momentum, Adam moments) and local steps' anchor and outer
+        momentum become 0, so nothing revives them, and survivors take the factors ``survivor_scales`` holds
+        (then 1 again); eagerly or as graph ops."""
         bound = self.bound
         for position, name in enumerate(bound.names):
             compressor = bound.compressors.get(name)
@@ -95,6 +96,8 @@ class Maintenance:
             weight.assign(tf.where(compressor.mask, weight * scale, tf.zeros_like(weight)))
             for slot in optimizer_slots(self.optimizer, weight):
                 slot.assign(tf.where(compressor.mask, slot, tf.zeros_like(slot)))
+            if bound.outer is not None:
+                bound.outer.zero_pruned(name, compressor.mask)
         bound.survivor_scales.assign(tf.ones_like(bound.survivor_scales))
         return tf.constant(True)
 
@@ -118,7 +121,7 @@ class Maintenance:
             self._zero_due.assign(False)
             return tf.constant(True)
 
-        return [tf.cond(self._zero_due.read_value(), zero_once, lambda: tf.constant(False))]
+        return [run_if(self._zero_due.read_value(), zero_once)]
 
     @tf.autograph.experimental.do_not_convert
     def enforce(self, variables: Iterable[Any]) -> None:
@@ -141,6 +144,10 @@ class Maintenance:
         self.cycle.step = step
         self.step.assign(step)
         self.next_due.assign(self.cycle.next_due())
+
+    def interval_begins(self) -> tf.Tensor:
+        """Local steps: whether the position is an interval's first step (after a step: the interval ended)."""
+        return tf.equal(self.step.read_value() % self.config.sync_every, 0)
 
     def due(self, step: Any) -> tf.Tensor:
         """``PruningCycle.maintenance_due`` as graph ops, on the mirrors."""

@@ -22,6 +22,11 @@ def communicates(process_set: hvd.ProcessSet) -> bool:
     return process_set.included() and (process_set.size() > 1 or bool(int(os.environ.get("HOROVOD_ELASTIC", 0))))
 
 
+def run_if(condition: Any, action: Callable[[], tf.Tensor]) -> tf.Tensor:
+    """``action()`` where ``condition`` holds, as a graph-safe ``if`` (``tf.cond``); its result, else False."""
+    return tf.cond(condition, action, lambda: tf.constant(False))
+
+
 def backing_variable(variable: Any) -> tf.Variable:
     """The ``tf.Variable`` behind a TF, tf-keras or Keras 3 variable (Keras 3 wraps one in ``.value``)."""
     if isinstance(variable, tf.Variable):

@@ -34,14 +34,9 @@ import numpy as np
 import tensorflow as tf
 from horovod.tensorflow.compression import Compression, Compressor
 
-from pactrain_hvd.core import (
-    CheckpointError,
-    StepStats,
-    TensorStats,
-    saved_by_this_rank,
-)
+from pactrain_hvd.core import StepStats, TensorStats
 from pactrain_hvd.core.checkpoint import SavedState, from_npz, to_npz
-from pactrain_hvd.core.keywords import LOCAL_STEP_KEYWORDS, documents_keywords, pactrain_keywords
+from pactrain_hvd.core.keywords import documents_keywords, pactrain_keywords
 from pactrain_hvd.core.lanes import quantized_layout
 from pactrain_hvd.core.resume import check_resumable, checkpoint_settings
 from pactrain_hvd.tensorflow import checkpoint
@@ -51,18 +46,21 @@ from pactrain_hvd.tensorflow.bound import BoundTensors
 from pactrain_hvd.tensorflow.compression import PACKED_WIRES
 from pactrain_hvd.tensorflow.engine import HorovodEngine, ReductionArguments
 from pactrain_hvd.tensorflow.maintenance import Maintenance
+from pactrain_hvd.tensorflow.outer import OuterSync
 from pactrain_hvd.tensorflow.pruning import Pruner
 from pactrain_hvd.tensorflow.quantized import QuantizedReduction
 
 
-@documents_keywords(without=LOCAL_STEP_KEYWORDS)
+@documents_keywords()
 class PacTrainState(tf.train.experimental.PythonState):
     """What persists between steps: schedule position, masks, packing plan, wire accounting.
 
     The state binds to the variables of its first ``reduce`` call (more may join later). It is checkpointable:
     in a ``tf.train.Checkpoint`` it saves masks and schedule position (the Keras optimizer carries its own). A
     schedule that prunes at step 0 ranks the masks from the weights every rank holds then: broadcast the
-    variables before the first step. Every rank must pass the same settings: the first step proves it.
+    variables before the first step. Every rank must pass the same settings: the first step proves it. Local
+    steps (``sync_every``) need the optimizer's update between the reduction and the sync: the Keras
+    ``DistributedOptimizer`` drives them (in custom loops too), a tape refuses them.
 
     Args:
         compression: Horovod's compressor for tensors that travel dense (and packed values that inherit it).
@@ -89,7 +87,7 @@ class PacTrainState(tf.train.experimental.PythonState):
         ...     opt.apply_gradients(zip(grads, model.trainable_variables))
     """
 
-    @pactrain_keywords(without=LOCAL_STEP_KEYWORDS)
+    @pactrain_keywords()
     def __init__(
         self,
         compression: type[Compressor] = Compression.none,
@@ -123,7 +121,8 @@ class PacTrainState(tf.train.experimental.PythonState):
         # A rank outside the process set never reduces.
         quantized = (QuantizedReduction(process_set, encoding.levels)
                      if layout is not None and process_set.included() else None)
-        self.bound = BoundTensors(pruner, quantized)
+        outer = OuterSync(self.config.outer_lr, self.config.outer_momentum) if self.config.sync_every > 1 else None
+        self.bound = BoundTensors(pruner, quantized, outer)
         self.maintenance = Maintenance(self.bound, self.config, optimizer, tfmot_masks={})
         self.binding = Binding(self.bound, self.maintenance, pactrain["prunable"], compression, own_masks, self.restore)
         self.engine = HorovodEngine(self.bound, self.binding, self.maintenance, self.reduction)
@@ -185,6 +184,12 @@ class PacTrainState(tf.train.experimental.PythonState):
         (``HorovodEngine.reduce``)."""
         return self.engine.reduce(grads, variables)
 
+    def sync_if_due(self) -> None:
+        """Local steps (``sync_every``), after the optimizer's update: the outer sync where an interval ended
+        (``HorovodEngine.sync_if_due``); nothing otherwise. Graph-safe."""
+        if self.bound.outer is not None:
+            self.engine.sync_if_due()
+
     def bind(self, variables: Sequence[Any]) -> tuple[int, ...]:
         """Register variables (idempotent); returns their positions. Safe inside ``tf.function``."""
         return self.binding.bind(variables)
@@ -237,7 +242,8 @@ class PacTrainState(tf.train.experimental.PythonState):
 
     # -- checkpoints (tf.train.Checkpoint calls these; the format: checkpoint.py) --------------------
     def serialize(self) -> bytes:
-        """Schedule position and masks (and quantized values' held scales and error memory) as bytes."""
+        """Schedule position and masks (and quantized values' held scales and error memory, local steps' anchor
+        and outer momentum) as bytes."""
         if self.binding.pending_restore is not None:
             return self.binding.pending_restore
         return to_npz(self.snapshot())
@@ -253,37 +259,11 @@ class PacTrainState(tf.train.experimental.PythonState):
         self.restore(saved)
 
     def snapshot(self) -> SavedState:
-        """What a checkpoint saves: schedule position, world size, settings and masks (with each variable's
-        position); with quantized values the held scales and this rank's error memory."""
-        bound = self.bound
-        masks = {name: bound.pruner.masks[name] for name in sorted(bound.pruner.masks)}
-        scales = quantized = None
-        if bound.quantized is not None:
-            residuals = bound.quantized.memory.state_dict()
-            quantized = {"rank": self.process_set.rank(), "residuals": {name: residuals[name] for name in masks}}
-            scales = {name: float(value) for name, scale in bound.quantized.scales.items()
-                      if not np.isnan(value := scale.numpy())}
-        positions = {name: bound.names.index(name) for name in {*masks, *(scales or {})}}
-        return SavedState(self.step_count, masks, checkpoint_settings(self.config, self.reduction.packed_values),
-                          self.reduction.group_size(), positions, scales, quantized)
+        """What a checkpoint saves (``checkpoint.snapshot``)."""
+        settings = checkpoint_settings(self.config, self.reduction.packed_values)
+        return checkpoint.snapshot(self.bound, self.step_count, settings, self.reduction.group_size(),
+                                   self.process_set.rank)
 
     def restore(self, saved: SavedState) -> None:
-        """Install a checkpoint's state into the bound variables; validated before anything changes. Local."""
-        bound = self.bound
-        try:
-            masks = bound.pruner.validate(checkpoint.masks_by_name(saved, bound.names))
-        except (TypeError, ValueError) as error:
-            raise CheckpointError(f"checkpoint does not fit these variables: {error}") from error
-        residuals = None
-        if (saved.quantized is not None and bound.quantized is not None
-                and saved_by_this_rank(saved.quantized["rank"], self.process_set.rank,
-                                       holds_state=saved.step > 0)):
-            residuals = checkpoint.residuals_by_name(saved, bound.names, {
-                name: int(mask.sum()) if self.maintenance.packs(mask) else 0 for name, mask in masks.items()})
-        scales = checkpoint.scales_by_name(saved, bound.names)
-        self.maintenance.set_step(saved.step)
-        self.maintenance.install(masks)
-        if bound.quantized is not None:  # none held where the checkpoint has none: that step agrees one
-            bound.quantized.hold_scales(scales)
-        if residuals is not None:
-            bound.quantized.memory.load_state_dict(residuals)
+        """Install a checkpoint's state into the bound variables (``checkpoint.restore``); local."""
+        checkpoint.restore(self.bound, self.maintenance, saved, self.process_set.rank)

@@ -148,6 +148,12 @@ class DistributedGradientTape:
             # Checked and read (deprecated spellings too) once here, not again at every trace's state lookup.
             pactrain["packed_values"] = packed_values_argument(pactrain.pop("packed_values", "inherit"),
                                                                pactrain.pop("values", None))
+        local_steps = sorted(set(LOCAL_STEP_KEYWORDS) & set(pactrain))
+        if local_steps or (isinstance(state, PacTrainState) and state.config.sync_every > 1):
+            raise ValueError(f"{', '.join(local_steps) or 'a state with sync_every > 1'}: local steps need the "
+                             "optimizer's update between the reduction and the outer sync, which a tape does not "
+                             "make; use pactrain_hvd.tensorflow.keras.DistributedOptimizer (in a custom loop too: a "
+                             "plain tf.GradientTape, then optimizer.apply_gradients)")
         self._arguments: dict[str, Any] | None = None
         if state is None:
             self._arguments = state_arguments(**horovod_args, **pactrain)  # the state itself: at gradient()

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from pactrain_hvd.core import CheckpointError
-from pactrain_hvd.core.local_steps import outer_update
+from pactrain_hvd.core.local_steps import check_outer_entry, outer_update
 
 
 class OuterSync:
@@ -67,14 +66,4 @@ class OuterSync:
 
     def validate(self, saved: object) -> None:
         """``CheckpointError`` unless ``saved`` holds an anchor and a momentum of every trainable parameter's shape."""
-        if not isinstance(saved, dict) or not {"anchor", "momentum"} <= set(saved):
-            raise CheckpointError("the 'outer' entry of the 'pactrain' state needs 'anchor' and 'momentum'")
-        for part in ("anchor", "momentum"):
-            tensors = saved[part]
-            if not isinstance(tensors, dict) or set(tensors) != set(self.parameters):
-                raise CheckpointError(f"checkpoint 'outer' {part} must hold the parameters "
-                                      f"{sorted(self.parameters)}, got {sorted(tensors) if isinstance(tensors, dict) else tensors!r}")
-            for name, p in self.parameters.items():
-                if not isinstance(tensors[name], torch.Tensor) or tensors[name].shape != p.shape:
-                    raise CheckpointError(f"checkpoint 'outer' {part} of {name!r} must be a tensor of shape "
-                                          f"{tuple(p.shape)}")
+        check_outer_entry(saved, {name: tuple(p.shape) for name, p in self.parameters.items()}, torch.Tensor)

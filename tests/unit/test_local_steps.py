@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pactrain_hvd.core import PacTrainConfig
-from pactrain_hvd.core.cycle import PruningCycle
+from pactrain_hvd.core.cycle import RANK, VERIFY, PruningCycle, maintenance_at, next_maintenance
 from pactrain_hvd.core.local_steps import check_local_steps, outer_update, ranks_at
 from pactrain_hvd.core.schedule import PolynomialSchedule
 
@@ -82,3 +82,26 @@ def test_a_periodic_check_between_syncs_waits_for_the_next_intervals_first_step(
     assert checks() == [4, 8, 12]
     assert checks(sync_every=3) == [6, 9, 12]  # due at 4, 8 and 12: the first steps of intervals from 4 on
     assert checks(sync_every=2) == [4, 8, 12]  # already interval starts
+
+
+@pytest.mark.parametrize("sync_every", [1, 2, 3, 7, 25])
+def test_a_traced_step_maintains_where_the_per_step_cycle_ranks_and_checks(sync_every):
+    """TensorFlow's traced step runs Python only at the steps ``next_maintenance`` names ahead: walking from one
+    to the next visits exactly the steps where torch's per-step cycle ranks masks or checks them."""
+    config = PacTrainConfig.from_arguments(sparsity=0.9, begin_step=10, end_step=50, frequency=10, verify_every=4,
+                                           sync_every=sync_every)
+    cycle = PruningCycle(config, tracking=True)
+    cycle.take_verification()  # the first step's
+    per_step = {}
+    for _ in range(80):  # a check before the step's communication, a ranking after it (proven equal as installed)
+        if cycle.take_verification() is not None:
+            per_step[cycle.step] = VERIFY
+        if cycle.update_due():
+            per_step[cycle.step] = RANK
+        cycle.advance()
+    traced, step = {}, next_maintenance(config, 0)
+    while step < 80:
+        traced[step] = maintenance_at(config, step, requested=False)
+        step = next_maintenance(config, step)
+    assert traced == per_step
+    assert all(s % sync_every == 0 for s in traced)

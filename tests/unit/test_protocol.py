@@ -9,7 +9,7 @@ from benchmarks.baselines.dgc import WARMUP_DENSITIES, index_dtype, warmup_densi
 from benchmarks.protocol import quiet, report
 from benchmarks.protocol.run import Planned, done, load_record, plan
 from benchmarks.protocol.spec import ProtocolError, load_protocol
-from benchmarks.protocol.verdicts import NEVER, compare, selection, time_to_target, verdicts
+from benchmarks.protocol.verdicts import NEVER, compare, curves_across_cells, selection, time_to_target, verdicts
 
 REPO = Path(__file__).resolve().parents[2]
 EVIDENCE = REPO / "benchmarks" / "protocol" / "evidence.toml"
@@ -183,6 +183,15 @@ def test_the_report_is_rebuilt_from_the_record_alone(small, tmp_path):
     saved = json.loads((tmp_path / "verdicts.json").read_text())
     assert saved == json.loads(json.dumps(verdicts(small, record), sort_keys=True))
     assert (tmp_path / "slow.png").is_file()
+
+
+def test_curves_are_compared_across_link_cells_for_runs_to_their_last_step():
+    runs = [dict(a_run("final", cell, "topk", "dgc-0.01", seed, reached_at=reached), workload="image", steps=100,
+                 planned_steps=100)
+            for cell, seed, reached in (("slow", 1, 30), ("wan", 1, 30), ("slow", 2, 30), ("wan", 2, 40), ("slow", 3, 30))]
+    runs.append(dict(runs[4], cell="loopback/image"))  # the targets' runs: not on a link
+    runs.append(dict(runs[4], cell="wan", steps=40))  # stopped early (fp16 on a link)
+    assert curves_across_cells({"runs": runs}) == {"pairs": 2, "same": 1}
 
 
 def test_dgc_warms_up_in_four_exponential_stages_and_sends_narrow_indices():

@@ -75,8 +75,12 @@ class PacTrainOptimizer(StateReadings):
             reduced = [None if grad is None else grad * scale for grad in reduced]
         self._last_reduction.remember(reduced)
         result = apply(reduced)
-        self.pactrain_state.enforce(variables)  # whatever the optimizer does with zero gradients
+        self._after_update(variables)
         return result
+
+    def _after_update(self, variables: list[Any]) -> None:
+        self.pactrain_state.enforce(variables)  # whatever the optimizer does with zero gradients
+        self.pactrain_state.sync_if_due()  # local steps: the outer sync where an interval ended
 
     def _pass_counter(self) -> Any:
         """The variable behind ``iterations`` (Keras 3 divides it by ``gradient_accumulation_steps``)."""
@@ -107,7 +111,7 @@ class TfKerasApply(PacTrainOptimizer):
         grads, variables = (list(side) for side in zip(*grads_and_vars))
         if self._last_reduction.gave(grads):
             result = base_apply_gradients(grads_and_vars, *args, **kwargs)
-            self.pactrain_state.enforce(variables)
+            self._after_update(variables)
             return result
         return self._reduce_then_apply(
             grads, variables, lambda reduced: base_apply_gradients(list(zip(reduced, variables)), *args, **kwargs))

@@ -23,7 +23,7 @@ from horovod.tensorflow.compression import Compression, Compressor
 
 from pactrain_hvd.core.config import passes_per_step
 from pactrain_hvd.core.encodings import packed_values_argument
-from pactrain_hvd.core.keywords import LOCAL_STEP_KEYWORDS, documents_keywords, pactrain_keywords
+from pactrain_hvd.core.keywords import documents_keywords, pactrain_keywords
 from pactrain_hvd.tensorflow.keras.apply import Keras3Apply, PacTrainOptimizer, TfKerasApply, agree_on_skipped_steps
 from pactrain_hvd.tensorflow.keras.gradient_aggregation import LocalAggregation
 from pactrain_hvd.tensorflow.keras.saving import keras_file_entry_class
@@ -42,8 +42,8 @@ def _distributed_class(optimizer_class: type) -> type:
                 {"__module__": optimizer_class.__module__, "__qualname__": optimizer_class.__qualname__})
 
 
-@documents_keywords(without=LOCAL_STEP_KEYWORDS)
-@pactrain_keywords(without=LOCAL_STEP_KEYWORDS)
+@documents_keywords()
+@pactrain_keywords()
 def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
     optimizer: Any,
     name: str | None = None,
@@ -63,9 +63,9 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
 ) -> Any:
     """Drop-in replacement for ``horovod.tensorflow.keras.DistributedOptimizer`` that prunes and packs.
 
-    Takes every argument of Horovod's with the same defaults, plus PacTrain's keywords (but the local-step
-    ones). Works with Keras 3 and tf-keras 2 optimizers, in ``model.fit`` and in custom loops
-    (``optimizer.apply_gradients`` reduces: do not also wrap the tape). Like Horovod's, it is rebuilt from
+    Takes every argument of Horovod's with the same defaults, plus PacTrain's keywords. Works with Keras 3 and
+    tf-keras 2 optimizers, in ``model.fit`` and in custom loops (``optimizer.apply_gradients`` reduces: do not
+    also wrap the tape); local steps (``sync_every``) take their outer sync right after the update. Like Horovod's, it is rebuilt from
     ``optimizer.get_config()``: wrap before training. Use ``callbacks.BroadcastGlobalVariablesCallback``: it
     makes every rank start from the same weights (masks are computed from them) and masks. Horovod's ops have
     no XLA kernels: on GPUs compile with ``jit_compile=False`` (Keras 3 defaults to XLA).
