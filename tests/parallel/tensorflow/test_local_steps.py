@@ -148,3 +148,25 @@ def test_a_tape_refuses_local_steps_before_anything_is_communicated():
         pt.DistributedGradientTape(tape, sync_every=H)
     with pytest.raises(ValueError, match="a state with sync_every > 1: local steps"):
         pt.DistributedGradientTape(tape, state=pt.PacTrainState(sync_every=H))
+
+
+def test_horovods_resume_idiom_mid_interval_gives_every_rank_rank_0s_anchor_and_momentum():
+    model, opt = make_model(), optimizer()
+    gradients, apply = trainer(model, opt)
+    for step in range(2 * H + 1):  # mid-interval, after a sync: a momentum that is not zero
+        apply(gradients(*batch(step)))
+    outer = opt.pactrain_state.bound.outer
+    assert not all(gathered_equal(named(model.trainable_variables)).values())
+    root = {part: {name: tensor.numpy() for name, tensor in getattr(outer, part).items()} for part in ("anchor", "momentum")}
+    if hvd.rank() != 0:  # a rank that did not load the checkpoint holds something else
+        for tensor in [*outer.anchor.values(), *outer.momentum.values()]:
+            tensor.assign(tf.ones_like(tensor))
+    hvd.broadcast_variables(list(named(model.variables).values()), root_rank=0)
+    pt.broadcast_masks(opt, root_rank=0)
+    assert_same_on_all_ranks(named(model.trainable_variables), "weight")
+    assert_same_on_all_ranks({f"anchor {n}": t for n, t in outer.anchor.items()}, "anchor")
+    assert_same_on_all_ranks({f"momentum {n}": t for n, t in outer.momentum.items()}, "momentum")
+    if hvd.rank() == 0:
+        for part in ("anchor", "momentum"):
+            for name, tensor in getattr(outer, part).items():
+                np.testing.assert_array_equal(tensor.numpy(), root[part][name])
