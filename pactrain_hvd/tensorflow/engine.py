@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +27,7 @@ from pactrain_hvd.tensorflow.binding import Binding
 from pactrain_hvd.tensorflow.bound import BoundTensors
 from pactrain_hvd.tensorflow.compression import PACKED, PacTrainCompressor
 from pactrain_hvd.tensorflow.maintenance import Maintenance
-from pactrain_hvd.tensorflow.pruning import backing_variable, build_optimizer, communicates, run_if
+from pactrain_hvd.tensorflow.pruning import backing_variable, build_optimizer, communicates, run_if, safe_name
 
 _Reduced = tuple[tf.Tensor, tf.Tensor]  # a reduced gradient and the bytes its tensor put on the wire
 
@@ -254,7 +253,7 @@ class HorovodEngine:
 
     def _wire_name(self, kind: str, position: int) -> str:
         """A Horovod name per tensor: ops in ``tf.cond`` branches are not uniquified by TF as ops of one graph are."""
-        return f"pactrain_{kind}_" + re.sub("[^a-zA-Z0-9_]", "_", self.bound.names[position])
+        return f"pactrain_{kind}_" + safe_name(self.bound.names[position])
 
     def _reduce_arguments(self) -> dict[str, Any]:
         return dict(op=self.arguments.op, process_set=self.arguments.process_set,

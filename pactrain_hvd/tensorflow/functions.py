@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -10,7 +9,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from pactrain_hvd.core.agreement import check_settings, settings_rows
-from pactrain_hvd.tensorflow.pruning import backing_variable, communicates, optimizer_variables, run_if
+from pactrain_hvd.tensorflow.pruning import backing_variable, communicates, optimizer_variables, run_if, safe_name
 from pactrain_hvd.tensorflow.state import PacTrainState
 
 
@@ -95,7 +94,7 @@ class _BroadcastAtNextReduction:
             with tf.device(self.device):
                 for position, variable in enumerate(variables):
                     # Named: ops in tf.cond branches are not uniquified as ops of one graph are.
-                    name = f"pactrain_broadcast_{position}_" + re.sub("[^a-zA-Z0-9_]", "_", variable.name)
+                    name = f"pactrain_broadcast_{position}_" + safe_name(variable.name)
                     variable.assign(hvd.broadcast(variable, self.root_rank, name=name,
                                                   process_set=self.state.process_set))
             self.pending.assign(False)

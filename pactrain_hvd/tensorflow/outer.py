@@ -6,12 +6,11 @@ and the outer step at its end with graph ops, so nothing is retraced.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import tensorflow as tf
 
 from pactrain_hvd.core.local_steps import check_outer_entry, outer_update
+from pactrain_hvd.tensorflow.pruning import safe_name
 
 
 class OuterSync:
@@ -27,7 +26,7 @@ class OuterSync:
 
     def track(self, name: str, variable: tf.Variable) -> None:
         """``variable`` joins (call in ``tf.init_scope``); its anchor is taken at the next interval's first step."""
-        slot = re.sub("[^a-zA-Z0-9_]", "_", name)
+        slot = safe_name(name)
         self.variables[name] = variable
         self.anchor[name] = tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False,
                                         name=f"pactrain_anchor_{slot}")

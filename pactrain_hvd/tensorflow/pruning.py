@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -20,6 +21,11 @@ def communicates(process_set: hvd.ProcessSet) -> bool:
     """Horovod's rule for its gradient reduction: members of the process set only, and only with another rank
     to talk to, or under Horovod elastic (where ranks may join). Otherwise nothing collective happens."""
     return process_set.included() and (process_set.size() > 1 or bool(int(os.environ.get("HOROVOD_ELASTIC", 0))))
+
+
+def safe_name(text: str) -> str:
+    """``text`` with every character that TF and Horovod op and variable names refuse replaced by ``_``."""
+    return re.sub("[^a-zA-Z0-9_]", "_", text)
 
 
 def run_if(condition: Any, action: Callable[[], tf.Tensor]) -> tf.Tensor:
