@@ -32,6 +32,7 @@ Records are found by globbing ``bench/results/tta/**/record.json``: a new cell i
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import statistics
@@ -43,7 +44,7 @@ from benchmarks.common.methods import pruning_schedule
 from benchmarks.tta import tta_report
 from pactrain_hvd.core.schedule import PolynomialSchedule, schedule_steps
 from pactrain_hvd.planner.coordination import MEASURED, Coordination
-from pactrain_hvd.planner.methods import Method, parse_method
+from pactrain_hvd.planner.methods import parse_method
 from pactrain_hvd.planner.payload import Tensor, traffic
 from pactrain_hvd.planner.step_model import HOROVOD_DEFAULT_CYCLE_TIME_S, HorovodConfig, Link, expected_step
 from pactrain_hvd.planner.step_time import Costs, predict, step_plan
@@ -54,6 +55,7 @@ RECORDS = sorted(TTA.glob("**/record.json"))
 FIT_RECORDS = sorted((TTA / "cycle-time").glob("*/record.json"))  # the coordination's constants: not validated
 PROFILE = ROOT / "reports" / "step_model" / "profile.json"
 LOOPBACK = ROOT / "reports" / "step_model" / "tta-loopback" / "record.json"
+EVIDENCE = ROOT / "bench" / "results" / "evidence" / "record.json"
 OUT = ROOT / "bench" / "results" / "planner"
 LATENCY_S = 50e-6  # per hop on the benchmark's veth + TCP + Gloo path (assumed, as benchmarks/model/step_time_model.py)
 CORES = 2  # the machine the records ran on
@@ -142,10 +144,7 @@ def predict_run(run: dict, cell: dict, method: str, tensors: list[Tensor], costs
     for sparsity in sparsity_per_step(method, run.get("planned_steps") or run["steps"])[:run["steps"]]:
         key = round(sparsity, 6)
         if key not in cache:
-            step_method = Method(base.name, base.kind, sparsity, base.values, base.density, base.rank)
-            if base.kind == "pactrain" and sparsity == 0.0:
-                step_method = Method(base.name, "pactrain", 0.0, base.values)
-            cache[key] = predict(step_method, tensors, cell["workers"], link, costs, config, unframed).step_s
+            cache[key] = predict(dataclasses.replace(base, sparsity=sparsity), tensors, cell["workers"], link, costs, config, unframed).step_s
         out.append(cache[key])
     return out
 
@@ -220,6 +219,43 @@ def validate(records: list[Path], prof: dict, loopback: dict) -> list[dict]:
                     row[f"{mode}_to_lower_s"] = sum(steps[:needed + 1]) if needed is not None else None
                 rows.append(row)
     return rows
+
+
+def protocol_rows(record: dict, prof: dict, loopback: dict) -> list[dict]:
+    """The evidence protocol's final runs on a link, for the methods the planner has a traffic model of (not DGC's
+    or Random-k's, not DDP's hooks); A from the run's median phases (its record keeps medians), B as above."""
+    loop = {phase: loopback_phases(loopback, phase) for phase in ("compress", "update")}
+    rows = []
+    for run in record["runs"]:
+        method = run["method"]
+        if run["stage"] != "final" or "probed_mbit_per_s" not in run or kind_of(method) in ("dgc", "randomk"):
+            continue
+        if bench_method(method).frontend != "horovod":
+            continue
+        cell = {"workload": run["workload"], "workers": run["bound"]["workers"], "bound": run["bound"],
+                "probed_mbit_per_s": run["probed_mbit_per_s"]}
+        phases = {**run, "phases_s": {name: [seconds] for name, seconds in run["phases_s_median"].items()}}
+        tensors = [Tensor(t["name"], tuple(t["shape"]), t["ready_fraction"])
+                   for t in prof["workloads"][run["workload"]]["tensors"]]
+        row = {"cell": run["cell"], "method": method, "seed": run["seed"], "measured_s": run["train_s"]}
+        for mode in ("A", "B"):
+            costs, _ = costs_for(mode, phases, cell, method, prof, loop)
+            row[f"{mode}_s"] = sum(predict_run(run, cell, method, tensors, costs, run["cycle_ms"]))
+        rows.append(row)
+    return sorted(rows, key=lambda r: (r["cell"], r["method"], r["seed"]))
+
+
+def protocol_markdown(rows: list[dict]) -> str:
+    errors = [abs(error(r["A_s"], r["measured_s"])) for r in rows]
+    lines = [f"The evidence protocol's final runs on a link (`bench/results/evidence/record.json`): A within "
+             f"{TOLERANCE:.0%} in {sum(e <= TOLERANCE for e in errors)} of {len(rows)} runs, median |error| "
+             f"{statistics.median(errors):.0%}." if rows else "The evidence protocol's record has no final run on a link yet.",
+             "", "| cell | method | seed | measured training s | A: predicted s | A: error | B: predicted s | B: error |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['cell']} | {r['method']} | {r['seed']} | {r['measured_s']:.0f} | {r['A_s']:.0f} | "
+              f"{error(r['A_s'], r['measured_s']):+.0%} | {r['B_s']:.0f} | {error(r['B_s'], r['measured_s']):+.0%} |"
+              for r in rows]
+    return "\n".join(lines)
 
 
 def error(predicted: float | None, measured: float | None) -> float | None:
@@ -338,8 +374,10 @@ def main(argv: list[str] | None = None) -> int:
             "(NIC bytes, fitted on `bench/results/tta/cycle-time/`, whose cells the table does not hold). \\* A from the "
             "cell's bound (the record kept no phases).")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "validation.md").write_text(head + "\n\n" + "\n".join(f"- {line}" for line in lines) + "\n\n" + table + "\n")
-    (args.out / "validation.json").write_text(json.dumps({"rows": rows, "summary": lines, "framing": FRAMING,
+    protocol = protocol_rows(json.loads(EVIDENCE.read_text()), prof, json.loads(LOOPBACK.read_text()))
+    (args.out / "validation.md").write_text(head + "\n\n" + "\n".join(f"- {line}" for line in lines) + "\n\n" + table
+                                            + "\n\n" + protocol_markdown(protocol) + "\n")
+    (args.out / "validation.json").write_text(json.dumps({"rows": rows, "summary": lines, "protocol_rows": protocol, "framing": FRAMING,
                                                           "coordination": {"bytes_per_cycle": COORDINATION.bytes_per_cycle,
                                                                            "bytes_per_step": COORDINATION.bytes_per_step},
                                                           "latency_s": LATENCY_S}, indent=1))
