@@ -69,6 +69,9 @@ def cell_markdown(protocol: Protocol, result: dict) -> list[str]:
         lines += ["", machine_words(result["machine"])]
     if result.get("pending"):
         lines += ["", f"Pending: {result['pending']}."]
+    for family, outcome in result.get("by_accuracy", {}).items():
+        lines += ["", f"Decided by accuracy for {family}: **{outcome}** ({ACCURACY_WORDS[outcome]}, from the final runs "
+                  "of this workload in any cell), whatever the clocks of the runs still to come."]
     seeds = protocol.final_seeds
     lines += ["", "| family | method | " + " | ".join(f"seed {s} train / wall" for s in seeds) + " | median train | median wall |",
               "|---|---|" + "---:|" * (len(seeds) + 2)]
@@ -81,6 +84,9 @@ def cell_markdown(protocol: Protocol, result: dict) -> list[str]:
     return lines
 
 
+ACCURACY_WORDS = {"loss": "it never reaches the target; peers do"}
+
+
 def verdict_rows(protocol: Protocol, result: dict) -> list[str]:
     rows = []
     for family, verdict in result.get("verdicts", {}).items():
@@ -90,6 +96,9 @@ def verdict_rows(protocol: Protocol, result: dict) -> list[str]:
                     f"{ratio_text(train['ratio'])} | {train['sooner_seeds']} of {len(train['seeds'])} | "
                     f"**{train['outcome']}**{caveat} | {wall['outcome']} ({ratio_text(wall['ratio'])}) | "
                     f"{train['against_reference']['outcome']} ({ratio_text(train['against_reference']['ratio'])}) |")
+    for family, outcome in result.get("by_accuracy", {}).items():
+        rows.append(f"| `{result['cell']}` | {result['regime'].split(' (')[0]} | {family} | | | | "
+                    f"**{outcome}** by accuracy ({ACCURACY_WORDS[outcome]}); clocks pending | | |")
     if not rows:
         rows.append(f"| `{result['cell']}` | {result['regime'].split(' (')[0]} | pending | | | | | | |")
     return rows
@@ -139,7 +148,9 @@ def readme_table(protocol: Protocol, computed: dict) -> str:
         words = (f"{cell.workload}, {cell.link}" + (f", {cell.rtt_ms:g} ms round trip" if cell.rtt_ms else ""))
         result = computed["cells"].get(name, {})
         if result.get("pending") or not result.get("verdicts"):
-            lines.append(f"| {words} | pending | | |")
+            decided = result.get("by_accuracy", {})
+            lines += [f"| {words} | **{outcome}** ({family}; by accuracy, clocks pending) | {ACCURACY_WORDS[outcome]} | |"
+                      for family, outcome in decided.items()] or [f"| {words} | pending | | |"]
             continue
         for family, verdict in result["verdicts"].items():
             train = verdict["train"]

@@ -165,6 +165,42 @@ def compare(protocol: Protocol, ours: dict[int, float], theirs: dict[int, float]
     return {"outcome": outcome, "ratio": ratio, "sooner_seeds": sooner, "later_seeds": later, "seeds": seeds}
 
 
+def known_reach(record: dict, workload: str, method: str, seeds: tuple[int, ...], goal: float,
+                higher_is_better: bool) -> dict[int, bool]:
+    """Per seed, whether the method's final runs of ``workload`` in any cell (loopback included) reach ``goal``: a
+    run that reached it says so, one that did all its steps without reaching it says it never does."""
+    found = {}
+    for run in record["runs"]:
+        if (run["stage"], run.get("workload"), run["method"]) != ("final", workload, method) or run["seed"] not in seeds:
+            continue
+        hit = any(reaches(point[2], goal, higher_is_better) for point in run["curve"])
+        if hit or run.get("steps") == run.get("planned_steps"):
+            found[run["seed"]] = hit
+    return found
+
+
+def by_accuracy(protocol: Protocol, record: dict, cell: str, chosen: dict[str, str], goal: float) -> dict[str, str]:
+    """The PacTrain families whose loss in ``cell`` the runs made so far already fix, whatever its clocks: one that
+    reaches the target on no final seed, in any cell (the arithmetic does not depend on the link,
+    ``curves_across_cells``), while every peer that reaches it on a median seed does so on ``seeds_to_win``
+    seeds. (No win is ever fixed this way: the reference reaches its own target on a median seed.)"""
+    across = curves_across_cells(record)
+    if across["same"] < across["pairs"]:
+        return {}  # some run's arithmetic did depend on where it ran: nothing carries over
+    workload = protocol.workloads[protocol.cells[cell].workload]
+    seeds = protocol.final_seeds
+    reach = {name: known_reach(record, workload.name, method, seeds, goal, workload.higher_is_better)
+             for name, method in chosen.items()}
+    if any(len(known) < len(seeds) for known in reach.values()):
+        return {}
+    hits = {name: sum(known.values()) for name, known in reach.items()}
+    reaching = [name for name, n in hits.items() if protocol.families[name].role != "pactrain"
+                and median([1.0] * n + [NEVER] * (len(seeds) - n)) < NEVER]
+    if not reaching or any(hits[name] < protocol.seeds_to_win for name in reaching):
+        return {}
+    return {name: "loss" for name, n in hits.items() if protocol.families[name].role == "pactrain" and n == 0}
+
+
 def cell_verdict(protocol: Protocol, record: dict, cell: str, chosen: dict[str, str], unselected: list[str]) -> dict:
     """Per family its chosen method's per-seed times; per PacTrain family and clock, the rule's outcome against
     the best peer (the peer or reference family with the shortest median time) and against the reference.
@@ -188,6 +224,7 @@ def cell_verdict(protocol: Protocol, record: dict, cell: str, chosen: dict[str, 
         return result
     if missing or len(families) < len(chosen):
         result["pending"] = f"final runs missing for {', '.join(missing) or 'some families'}"
+        result["by_accuracy"] = by_accuracy(protocol, record, cell, chosen, goal)
         return result
     peers = [f.name for f in protocol.runnable() if f.role != "pactrain" and f.name in families]
     for family in (f.name for f in protocol.runnable() if f.role == "pactrain" and f.name in families):

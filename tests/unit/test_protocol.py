@@ -287,3 +287,36 @@ def test_a_verdict_decided_by_accuracy_carries_no_speed_caveat_and_says_who_neve
     markdown = report.write(small, record, tmp_path)
     assert "| 0 (PacTrain never) | 0 of 3 | **loss** |" in markdown  # machines of different speed cannot flip it
     assert "0.250 to 0.400 s a step (1.60x)" in markdown
+
+
+def two_cells(tmp_path, times: dict[str, dict[int, int | None]]):
+    """SMALL with a second cell ("wan") that has no final run yet; ``times`` as ``record_for``'s, in "slow"."""
+    path = tmp_path / "two.toml"
+    path.write_text(SMALL + '\n[cells.wan]\nworkload = "image"\nlink = "10mbit"\nrtt_ms = 40\ncycle_ms = 25\n')
+    protocol = load_protocol(path)
+    record = record_for(protocol, times)
+    for run in record["runs"]:
+        run.update(workload="image", steps=100, planned_steps=100)
+    return protocol, record
+
+
+@pytest.mark.parametrize("pactrain, decided", [
+    ({1: None, 2: None, 3: None}, {"pactrain": "loss"}),  # never on any seed: no clock of "wan" can change it
+    ({1: None, 2: None, 3: 40}, {}),  # one seed reaches it: how soon decides, and "wan" has no clocks yet
+])
+def test_a_loss_that_accuracy_alone_decides_is_reported_before_the_cells_clocks(tmp_path, pactrain, decided):
+    protocol, record = two_cells(tmp_path, {"pactrain": pactrain, "topk": {1: 50, 2: 50, 3: 50},
+                                            "fp16": {1: 100, 2: 100, 3: 100}})
+    wan = verdicts(protocol, record)["cells"]["wan"]
+    assert wan["pending"].startswith("final runs missing") and wan["by_accuracy"] == decided
+    table = report.readme_table(protocol, verdicts(protocol, record))
+    assert ("| image, 10mbit, 40 ms round trip | **loss** (pactrain; by accuracy, clocks pending) |" in table) == bool(decided)
+
+
+def test_nothing_is_decided_by_accuracy_when_a_curve_differed_between_cells(tmp_path):
+    protocol, record = two_cells(tmp_path, {"pactrain": {1: None, 2: None, 3: None}, "topk": {1: 50, 2: 50, 3: 50},
+                                            "fp16": {1: 100, 2: 100, 3: 100}})
+    assert verdicts(protocol, record)["cells"]["wan"]["by_accuracy"] == {"pactrain": "loss"}
+    other = dict(a_run("final", "wan", "topk", "dgc-0.01", 1, reached_at=70), workload="image", steps=100, planned_steps=100)
+    record["runs"].append(other)  # the same method and seed reached the target later on another link
+    assert verdicts(protocol, record)["cells"]["wan"]["by_accuracy"] == {}
