@@ -142,21 +142,22 @@ README_START, README_END = "<!-- verdicts: written by python -m benchmarks proto
 
 
 def readme_table(protocol: Protocol, computed: dict) -> str:
-    """The landing page's short table: per cell, the verdict on the training clock and what it rests on."""
+    """The landing page's short table: per cell, each PacTrain family's verdict on the training clock and what it
+    rests on."""
     lines = ["| cell | verdict | PacTrain against the best peer | seeds sooner |", "|---|---|---|---|"]
     for name, cell in protocol.cells.items():
         words = (f"{cell.workload}, {cell.link}" + (f", {cell.rtt_ms:g} ms round trip" if cell.rtt_ms else ""))
         result = computed["cells"].get(name, {})
-        if result.get("pending") or not result.get("verdicts"):
-            decided = result.get("by_accuracy", {})
-            lines += [f"| {words} | **{outcome}** ({family}; by accuracy, clocks pending) | {ACCURACY_WORDS[outcome]} | |"
-                      for family, outcome in decided.items()] or [f"| {words} | pending | | |"]
-            continue
-        for family, verdict in result["verdicts"].items():
+        rows = []
+        for family, verdict in result.get("verdicts", {}).items():
             train = verdict["train"]
             caveat = speed_caveat(result, train["ratio"], "; machine speed varied {:.2f}x")
-            lines.append(f"| {words} | **{train['outcome']}** ({family}{caveat}) | {ratio_text(train['ratio'])} against "
-                         f"{train['best_peer']} | {train['sooner_seeds']} of {len(train['seeds'])} |")
+            rows.append((f"**{train['outcome']}** ({family}{caveat})", f"{ratio_text(train['ratio'])} against "
+                         f"{train['best_peer']}", f"{train['sooner_seeds']} of {len(train['seeds'])}"))
+        for family, outcome in result.get("by_accuracy", {}).items():
+            rows.append((f"**{outcome}** ({family}; by accuracy, clocks pending)", ACCURACY_WORDS[outcome], ""))
+        columns = [" <br> ".join(column) for column in zip(*rows)] if rows else ["pending", "", ""]
+        lines.append(f"| {words} | {' | '.join(columns)} |")
     return "\n".join([README_START, *lines, README_END])
 
 
