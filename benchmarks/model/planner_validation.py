@@ -144,7 +144,8 @@ def predict_run(run: dict, cell: dict, method: str, tensors: list[Tensor], costs
     for sparsity in sparsity_per_step(method, run.get("planned_steps") or run["steps"])[:run["steps"]]:
         key = round(sparsity, 6)
         if key not in cache:
-            cache[key] = predict(dataclasses.replace(base, sparsity=sparsity), tensors, cell["workers"], link, costs, config, unframed).step_s
+            step_method = dataclasses.replace(base, sparsity=sparsity)
+            cache[key] = predict(step_method, tensors, cell["workers"], link, costs, config, unframed).step_s
         out.append(cache[key])
     return out
 
@@ -228,9 +229,8 @@ def protocol_rows(record: dict, prof: dict, loopback: dict) -> list[dict]:
     rows = []
     for run in record["runs"]:
         method = run["method"]
-        if run["stage"] != "final" or "probed_mbit_per_s" not in run or kind_of(method) in ("dgc", "randomk"):
-            continue
-        if bench_method(method).frontend != "horovod":
+        if (run["stage"] != "final" or "probed_mbit_per_s" not in run or kind_of(method) in ("dgc", "randomk")
+                or bench_method(method).frontend != "horovod"):
             continue
         cell = {"workload": run["workload"], "workers": run["bound"]["workers"], "bound": run["bound"],
                 "probed_mbit_per_s": run["probed_mbit_per_s"]}

@@ -9,6 +9,7 @@ from pathlib import Path
 from benchmarks.protocol.spec import Protocol
 from benchmarks.protocol.verdicts import NEVER, median, seed_times, verdicts
 
+ACCURACY_WORDS = {"loss": "it never reaches the target; peers do"}  # a verdict that accuracy alone decides
 TARGET_STEPS = 9  # the picture's targets: fp16's final less 0 to 2 pp (accuracy), or times 1.00 to 1.08 (perplexity)
 
 
@@ -82,9 +83,6 @@ def cell_markdown(protocol: Protocol, result: dict) -> list[str]:
         medians = [seconds(row[f"median_{clock}_s"]) if complete else "pending" for clock in ("train", "wall")]
         lines.append(f"| {name} | `{row['method']}` | {' | '.join(per_seed)} | {' | '.join(medians)} |")
     return lines
-
-
-ACCURACY_WORDS = {"loss": "it never reaches the target; peers do"}
 
 
 def verdict_rows(protocol: Protocol, result: dict) -> list[str]:
