@@ -179,12 +179,12 @@ def known_reach(record: dict, workload: str, method: str, seeds: tuple[int, ...]
     return found
 
 
-def by_accuracy(protocol: Protocol, record: dict, cell: str, chosen: dict[str, str], goal: float) -> dict[str, str]:
+def by_accuracy(protocol: Protocol, record: dict, cell: str, chosen: dict[str, str], goal: float,
+                across: dict[str, int]) -> dict[str, str]:
     """The PacTrain families whose loss in ``cell`` the runs made so far already fix, whatever its clocks: one that
     reaches the target on no final seed, in any cell (the arithmetic does not depend on the link,
-    ``curves_across_cells``), while every peer that reaches it on a median seed does so on ``seeds_to_win``
-    seeds. (No win is ever fixed this way: the reference reaches its own target on a median seed.)"""
-    across = curves_across_cells(record)
+    ``across``, ``curves_across_cells``'s count), while every peer that reaches it on a median seed does so on
+    ``seeds_to_win`` seeds. (No win is ever fixed this way: the reference reaches its own target on a median seed.)"""
     if across["same"] < across["pairs"]:
         return {}  # some run's arithmetic did depend on where it ran: nothing carries over
     workload = protocol.workloads[protocol.cells[cell].workload]
@@ -201,10 +201,12 @@ def by_accuracy(protocol: Protocol, record: dict, cell: str, chosen: dict[str, s
     return {name: "loss" for name, n in hits.items() if protocol.families[name].role == "pactrain" and n == 0}
 
 
-def cell_verdict(protocol: Protocol, record: dict, cell: str, chosen: dict[str, str], unselected: list[str]) -> dict:
+def cell_verdict(protocol: Protocol, record: dict, cell: str, chosen: dict[str, str], unselected: list[str],
+                 across: dict[str, int]) -> dict:
     """Per family its chosen method's per-seed times; per PacTrain family and clock, the rule's outcome against
     the best peer (the peer or reference family with the shortest median time) and against the reference.
-    ``unselected``: runnable families with no chosen method yet (no verdict until they have one)."""
+    ``unselected``: runnable families with no chosen method yet (no verdict until they have one); ``across``:
+    ``curves_across_cells(record)``, for ``by_accuracy``."""
     workload = protocol.cells[cell].workload
     seeds = protocol.final_seeds
     goal = target(protocol, record, workload, seeds)
@@ -224,7 +226,7 @@ def cell_verdict(protocol: Protocol, record: dict, cell: str, chosen: dict[str, 
         return result
     if missing or len(families) < len(chosen):
         result["pending"] = f"final runs missing for {', '.join(missing) or 'some families'}"
-        result["by_accuracy"] = by_accuracy(protocol, record, cell, chosen, goal)
+        result["by_accuracy"] = by_accuracy(protocol, record, cell, chosen, goal, across)
         return result
     peers = [f.name for f in protocol.runnable() if f.role != "pactrain" and f.name in families]
     for family in (f.name for f in protocol.runnable() if f.role == "pactrain" and f.name in families):
@@ -257,6 +259,8 @@ def verdicts(protocol: Protocol, record: dict) -> dict:
     chosen = selection(protocol, record)
     picks = {name: row["chosen"] for name, row in chosen["families"].items() if row["chosen"]}
     unselected = [name for name, row in chosen["families"].items() if not row["chosen"]]
-    cells = {name: cell_verdict(protocol, record, name, picks, unselected) for name in protocol.cells} if picks else {}
+    across = curves_across_cells(record)
+    cells = ({name: cell_verdict(protocol, record, name, picks, unselected, across) for name in protocol.cells}
+             if picks else {})
     return {"protocol": protocol.name, "digest": protocol.digest, "selection": chosen, "cells": cells,
-            "curves_across_cells": curves_across_cells(record)}
+            "curves_across_cells": across}
