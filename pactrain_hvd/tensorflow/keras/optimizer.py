@@ -66,9 +66,10 @@ def DistributedOptimizer(  # noqa: N802 - the name Horovod users know
     Takes every argument of Horovod's with the same defaults, plus PacTrain's keywords. Works with Keras 3 and
     tf-keras 2 optimizers, in ``model.fit`` and in custom loops (``optimizer.apply_gradients`` reduces: do not
     also wrap the tape); local steps (``sync_every``) take their outer sync right after the update. Like
-    Horovod's, it is rebuilt from ``optimizer.get_config()``: wrap before training. Use ``callbacks.BroadcastGlobalVariablesCallback``: it
-    makes every rank start from the same weights (masks are computed from them) and masks. Horovod's ops have
-    no XLA kernels: on GPUs compile with ``jit_compile=False`` (Keras 3 defaults to XLA).
+    Horovod's, it is rebuilt from ``optimizer.get_config()``: wrap before training. Use
+    ``callbacks.BroadcastGlobalVariablesCallback``: it makes every rank start from the same weights (masks are
+    computed from them) and masks. Horovod's ops have no XLA kernels: on GPUs compile with ``jit_compile=False``
+    (Keras 3 defaults to XLA).
 
     Args:
         optimizer: the Keras 3 or tf-keras optimizer to wrap.
